@@ -1,0 +1,41 @@
+# Each target sets up .venv itself: `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test unit integration lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,embedded]'
+	touch $(STAMP)
+
+## The main job: the order system end to end on an embedded PostgreSQL and the StubBroker.
+demo: $(STAMP)
+	$(BIN)/estafeta demo
+
+## The whole suite: lint, types, layering, unit and integration tests.
+test: $(STAMP) lint typecheck
+	$(BIN)/pytest
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not integration"
+
+integration: $(STAMP)
+	$(BIN)/pytest -m integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .estafeta build *.egg-info

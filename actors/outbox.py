@@ -1,0 +1,122 @@
+"""Sending commands and publishing events through a service's outbox, inside a transaction.
+
+Steps use ``ctx.send`` / ``ctx.publish``; code outside a step (the CLI, an HTTP handler)
+joins its own transaction::
+
+    with database.transaction() as conn:
+        conn.execute("INSERT INTO orders.orders ...")
+        outbox.send(conn, ChargePayment(...), service="orders")
+
+The message is written to ``<service>.outbox`` and commits, or rolls back, with the
+caller's other changes; the relay publishes it after the commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import psycopg
+
+from sql import outbox as store
+
+from .errors import RoutingError
+from .messages import new_traceparent, to_json
+from .registry import REGISTRY
+
+
+@attrs.frozen
+class Address:
+    """Where a message goes when its type alone does not say (replies, other deployments)."""
+
+    actor_name: str
+    queue_name: str
+
+
+def send(
+    conn: psycopg.Connection[Any],
+    command: Any,
+    *,
+    service: str,
+    to: Address | None = None,
+    delay: timedelta | float | None = None,
+    ordering_key: str | None = None,
+    saga_id: uuid.UUID | None = None,
+    message_id: uuid.UUID | None = None,
+    options: Mapping[str, Any] | None = None,
+    traceparent: str | None = None,
+) -> uuid.UUID:
+    """Write ``command`` for the one step that handles its type (or for ``to``); return its message id.
+
+    ``message_id`` makes a re-send deduplicable by the receiver's inbox; ``delay``
+    (seconds or a ``timedelta``) holds it in the outbox until then; rows sharing an
+    ``ordering_key`` reach the broker in commit order.
+    """
+    if to is None:
+        handlers = REGISTRY.handlers(type(command))
+        if len(handlers) != 1:
+            names = ", ".join(h.actor_name for h in handlers) or "none"
+            raise RoutingError(
+                f"send() needs exactly one step handling {type(command).__name__} (found: {names});"
+                " use publish() for events"
+            )
+        to = Address(handlers[0].actor_name, handlers[0].queue_name)
+    message_id = message_id or uuid.uuid4()
+    _write(conn, service, to, command, message_id, delay, ordering_key, saga_id, options, traceparent)
+    return message_id
+
+
+def publish(
+    conn: psycopg.Connection[Any],
+    event: Any,
+    *,
+    service: str,
+    ordering_key: str | None = None,
+    saga_id: uuid.UUID | None = None,
+    options: Mapping[str, Any] | None = None,
+    traceparent: str | None = None,
+) -> list[uuid.UUID]:
+    """Write ``event`` once for every step subscribed to its type; return the message ids."""
+    ids = []
+    for handler in REGISTRY.handlers(type(event)):
+        message_id = uuid.uuid4()
+        to = Address(handler.actor_name, handler.queue_name)
+        _write(conn, service, to, event, message_id, None, ordering_key, saga_id, options, traceparent)
+        ids.append(message_id)
+    return ids
+
+
+def _write(
+    conn: psycopg.Connection[Any],
+    service: str,
+    to: Address,
+    body: Any,
+    message_id: uuid.UUID,
+    delay: timedelta | float | None,
+    ordering_key: str | None,
+    saga_id: uuid.UUID | None,
+    options: Mapping[str, Any] | None,
+    traceparent: str | None,
+) -> None:
+    message_options: dict[str, Any] = {**(options or {}), "traceparent": new_traceparent(traceparent)}
+    if saga_id is not None:
+        message_options["saga_id"] = str(saga_id)
+    if isinstance(delay, int | float):
+        delay = timedelta(seconds=delay)
+    store.insert(
+        conn,
+        service,
+        store.OutgoingMessage(
+            message_id=message_id,
+            queue_name=to.queue_name,
+            actor_name=to.actor_name,
+            args=[to_json(body)],
+            options=message_options,
+            ordering_key=ordering_key,
+            saga_id=saga_id,
+            delay=delay or timedelta(0),
+        ),
+    )

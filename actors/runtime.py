@@ -1,0 +1,84 @@
+"""What steps need while they run: settings, one pool per service database, the lock backend."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from sql import embedded, migrate
+from sql.pool import Database
+
+from .services import all_services, get_service
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .locks import LockBackend
+
+logger = logging.getLogger(__name__)
+
+
+class Runtime:
+    """The resources of one process, built from :class:`Settings`.
+
+    Services that share a DSN share one pool. ``embedded`` starts (or joins) the
+    private pgserver on first use, not at construction.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._databases: dict[str, Database] = {}
+        self._embedded_dsn: str | None = None
+        self._locks: LockBackend | None = None
+        self._mutex = threading.Lock()
+
+    def dsn_for(self, service: str) -> str:
+        """The resolved DSN of ``service``'s database."""
+        dsn = self.settings.database_url_for(service)
+        if dsn != "embedded":
+            return dsn
+        with self._mutex:
+            if self._embedded_dsn is None:
+                self._embedded_dsn = embedded.start()
+            return self._embedded_dsn
+
+    def database(self, service: str) -> Database:
+        """The pool of ``service``'s database."""
+        dsn = self.dsn_for(service)
+        with self._mutex:
+            database = self._databases.get(dsn)
+            if database is None:
+                database = self._databases[dsn] = Database(dsn, max_size=self.settings.pool_size)
+            return database
+
+    @property
+    def locks(self) -> LockBackend:
+        """The lock backend chosen by ``ESTAFETA_LOCK_URL``."""
+        with self._mutex:
+            if self._locks is None:
+                from .locks import backend_from_url
+
+                self._locks = backend_from_url(self.settings)
+            return self._locks
+
+    def migrate(self, services: list[str] | None = None, *, check: bool = False) -> dict[str, list[str]]:
+        """Apply (or, with ``check``, only list) the pending migrations of every service."""
+        result: dict[str, list[str]] = {}
+        for service in [get_service(name) for name in services] if services else all_services():
+            with self.database(service.name).connection() as conn:
+                migrations = service.migrations()
+                if check:
+                    result[service.name] = migrate.pending(conn, service.name, migrations)
+                else:
+                    result[service.name] = migrate.apply(conn, service.name, migrations)
+        return result
+
+    def close(self) -> None:
+        """Close every pool and lock connection."""
+        with self._mutex:
+            for database in self._databases.values():
+                database.close()
+            self._databases.clear()
+            if self._locks is not None:
+                self._locks.close()
+                self._locks = None

@@ -1,0 +1,164 @@
+"""estafeta's configuration: ``ESTAFETA_*`` environment variables over an optional TOML file."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from brokers import check_url, redact_url
+from sql.pool import check_dsn
+
+from .errors import SettingsError
+
+#: A TOML file with the same settings (keys are the variable names without the
+#: ``ESTAFETA_`` prefix, lower-cased); the environment wins over it.
+CONFIG_FILE_VARIABLE = "ESTAFETA_CONFIG"
+
+_SERVICE_DSN = re.compile(r"^ESTAFETA_([A-Z][A-Z0-9_]*)_DATABASE_URL$")
+
+#: Integer settings: variable suffix -> (attribute, minimum).
+_INTEGERS: dict[str, tuple[str, float]] = {
+    "RELAY_BATCH_SIZE": ("relay_batch_size", 1),
+    "RELAY_MAX_ATTEMPTS": ("relay_max_attempts", 1),
+    "MAX_RETRIES": ("max_retries", 0),
+    "MIN_BACKOFF_MS": ("min_backoff_ms", 1),
+    "MAX_BACKOFF_MS": ("max_backoff_ms", 1),
+    "MAX_DELIVERIES": ("max_deliveries", 1),
+    "LOCK_TIMEOUT_MS": ("lock_timeout_ms", 1),
+    "LOCK_TTL_MS": ("lock_ttl_ms", 1),
+    "POOL_SIZE": ("pool_size", 1),
+}
+_FLOATS: dict[str, tuple[str, float]] = {"RELAY_POLL_INTERVAL": ("relay_poll_interval", 0.01)}
+
+
+@attrs.frozen
+class Settings:
+    """Everything estafeta reads from its environment, validated."""
+
+    #: A PostgreSQL DSN for every service, or ``embedded`` (a private pgserver in ``.estafeta/``).
+    database_url: str = "embedded"
+    #: Per-service overrides of ``database_url`` (``ESTAFETA_<SERVICE>_DATABASE_URL``).
+    service_database_urls: Mapping[str, str] = attrs.field(factory=dict)
+    #: ``stub://``, ``amqp://user:pass@host:5672/vhost`` or ``redis://host:6379/0``.
+    broker_url: str = "stub://"
+    #: ``postgres`` or one or more comma-separated ``redis://`` URLs (a Redlock quorum).
+    lock_url: str = "postgres"
+    #: Rows the relay claims and publishes per round trip.
+    relay_batch_size: int = 500
+    #: Seconds between relay polls when no NOTIFY wakes it.
+    relay_poll_interval: float = 1.0
+    #: Publish attempts before an outbox row becomes ``failed``.
+    relay_max_attempts: int = 5
+    #: Dramatiq retries of a failing step (transient errors; business failures are not retried).
+    max_retries: int = 10
+    min_backoff_ms: int = 500
+    max_backoff_ms: int = 300_000
+    #: Deliveries of one message (retries and redeliveries after a killed worker) before it is parked.
+    max_deliveries: int = 25
+    #: How long a step waits for its lock before giving up (and retrying later).
+    lock_timeout_ms: int = 5_000
+    #: Lease of a Redis lock; a holder past it is fenced off.
+    lock_ttl_ms: int = 30_000
+    #: Connections per service database in each process.
+    pool_size: int = 8
+
+    def database_url_for(self, service: str) -> str:
+        """The DSN of ``service``'s database."""
+        return self.service_database_urls.get(service, self.database_url)
+
+    @property
+    def redacted_broker_url(self) -> str:
+        """The broker URL without its password."""
+        return redact_url(self.broker_url)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and validate the settings; raise :class:`SettingsError` naming the bad variable."""
+        env = dict(os.environ if environ is None else environ)
+        values: dict[str, Any] = {}
+        overrides: dict[str, str] = {}
+        for name, value in {**_from_file(env), **env}.items():
+            if not name.startswith("ESTAFETA_") or name == CONFIG_FILE_VARIABLE:
+                continue
+            suffix = name.removeprefix("ESTAFETA_")
+            match = _SERVICE_DSN.match(name)
+            if suffix == "DATABASE_URL":
+                values["database_url"] = _database_url(name, value)
+            elif match:
+                overrides[match.group(1).lower()] = _database_url(name, value)
+            elif suffix == "BROKER_URL":
+                values["broker_url"] = _broker_url(name, value)
+            elif suffix == "LOCK_URL":
+                values["lock_url"] = _lock_url(name, value)
+            elif suffix in _INTEGERS:
+                attribute, minimum = _INTEGERS[suffix]
+                values[attribute] = _number(name, value, int, minimum)
+            elif suffix in _FLOATS:
+                attribute, minimum = _FLOATS[suffix]
+                values[attribute] = _number(name, value, float, minimum)
+            else:
+                raise SettingsError(name, "unknown setting (see the configuration table in README.md)")
+        settings = cls(**values, service_database_urls=overrides)
+        if settings.max_backoff_ms < settings.min_backoff_ms:
+            raise SettingsError("ESTAFETA_MAX_BACKOFF_MS", "must not be below ESTAFETA_MIN_BACKOFF_MS")
+        return settings
+
+
+def _from_file(env: Mapping[str, str]) -> dict[str, str]:
+    path = Path(env.get(CONFIG_FILE_VARIABLE) or "estafeta.toml")
+    if CONFIG_FILE_VARIABLE not in env and not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(CONFIG_FILE_VARIABLE, f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(CONFIG_FILE_VARIABLE, f"{path} is not valid TOML: {exc}") from None
+    return {f"ESTAFETA_{key.upper()}": str(value) for key, value in data.items()}
+
+
+def _database_url(name: str, value: str) -> str:
+    value = value.strip()
+    if value == "embedded":
+        return value
+    if not value:
+        raise SettingsError(name, "is empty (a PostgreSQL DSN, or 'embedded')")
+    try:
+        check_dsn(value)
+    except ValueError as exc:
+        raise SettingsError(name, f"not a PostgreSQL DSN: {exc}") from None
+    return value
+
+
+def _broker_url(name: str, value: str) -> str:
+    try:
+        check_url(value.strip())
+    except ValueError as exc:
+        raise SettingsError(name, str(exc)) from None
+    return value.strip()
+
+
+def _lock_url(name: str, value: str) -> str:
+    value = value.strip()
+    if value == "postgres":
+        return value
+    for url in value.split(","):
+        if not url.strip().startswith(("redis://", "rediss://")):
+            raise SettingsError(name, f"{redact_url(url.strip())!r} is neither 'postgres' nor a redis:// URL")
+    return value
+
+
+def _number(name: str, value: str, kind: type[int] | type[float], minimum: float) -> Any:
+    try:
+        number: float = kind(value)
+    except ValueError:
+        raise SettingsError(name, f"{value!r} is not a number") from None
+    if number < minimum:
+        raise SettingsError(name, f"{value} is below the minimum {minimum}")
+    return number

@@ -1,0 +1,309 @@
+"""``@step``: a Dramatiq actor whose every message is one PostgreSQL transaction.
+
+In that transaction, in this order: the inbox record (a duplicate stops here, changing
+nothing), the lock on the step's key, the step's own change, the messages it sends
+(outbox rows) and its answer to a saga. The transaction runs *inside* the actor
+function, not in middleware hooks: a failed commit is a failed message, which Dramatiq
+retries, never an acknowledged one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+import dramatiq
+import psycopg
+from dramatiq.middleware import CurrentMessage
+
+from sql import inbox
+from sql.pool import Database
+
+from . import metrics, outbox
+from .errors import BusinessFailure, InvalidMessage
+from .locks import HeldLock
+from .messages import from_json, to_json
+from .registry import REGISTRY, Registry, StepSpec
+from .runtime import Runtime
+from .services import declare_service
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Message option naming where a step sends its :class:`Reply`:
+#: ``{"actor": ..., "queue": ..., "context": {...}, "ordering_key": ...}``.
+REPLY_TO = "reply_to"
+
+
+def step(
+    service: str,
+    handles: type,
+    *,
+    name: str | None = None,
+    lock: Callable[[Any], str] | None = None,
+    **actor_options: Any,
+) -> Callable[[Callable[..., Any]], StepSpec]:
+    """Declare ``fn(ctx, command)`` as the step ``<service>.<name>`` handling ``handles`` messages.
+
+    ``lock`` maps the command to a key (an order id): steps on the same key never run
+    their transactions at the same time, whichever process runs them. Other keyword
+    arguments are Dramatiq actor options (``max_retries``, ``min_backoff``...).
+    """
+    declare_service(service)
+
+    def decorate(fn: Callable[..., Any]) -> StepSpec:
+        spec = StepSpec(service, name or fn.__name__, handles, fn, lock, actor_options)
+        REGISTRY.add(spec)
+        return spec
+
+    return decorate
+
+
+@attrs.frozen
+class Reply:
+    """A step's answer to the saga (or any sender) that asked for one with ``reply_to``."""
+
+    #: The message id of the command answered.
+    in_reply_to: str
+    #: ``True`` if the step did its work; ``False`` for a business failure.
+    ok: bool
+    #: The sender's correlation data, returned untouched (saga id, step, version).
+    context: dict[str, Any]
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@attrs.define
+class StepContext:
+    """What a step's function gets besides its command."""
+
+    #: The connection of the step's transaction: write your service's tables through it.
+    conn: psycopg.Connection[Any]
+    #: The service whose schema and outbox this transaction uses.
+    service: str
+    #: The id of the message being processed (the inbox key).
+    message_id: uuid.UUID
+    #: The saga this message belongs to, if any.
+    saga_id: uuid.UUID | None
+    #: The message's Dramatiq options (``traceparent``, ``saga_id``, ``reply_to``...).
+    options: dict[str, Any]
+    #: The command as received, fields the command class does not know included.
+    payload: dict[str, Any]
+    #: The lock held for the step's key, if it declared one.
+    lock: HeldLock | None = None
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the step's lock (Redis locks), to store with guarded writes."""
+        return self.lock.token if self.lock else None
+
+    def send(self, command: Any, **kwargs: Any) -> uuid.UUID:
+        """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
+        kwargs.setdefault("saga_id", self.saga_id)
+        kwargs.setdefault("traceparent", self.options.get("traceparent"))
+        return outbox.send(self.conn, command, service=self.service, **kwargs)
+
+    def publish(self, event: Any, **kwargs: Any) -> list[uuid.UUID]:
+        """Publish ``event`` to every subscribed step, in this transaction (see :func:`outbox.publish`)."""
+        kwargs.setdefault("saga_id", self.saga_id)
+        kwargs.setdefault("traceparent", self.options.get("traceparent"))
+        return outbox.publish(self.conn, event, service=self.service, **kwargs)
+
+
+def bind(
+    broker: dramatiq.Broker, runtime: Runtime, registry: Registry = REGISTRY
+) -> dict[str, dramatiq.Actor[..., None]]:
+    """Declare every registered step as an actor on ``broker``, running with ``runtime``."""
+    if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
+        broker.add_middleware(CurrentMessage())
+    settings = runtime.settings
+    actors = {}
+    for spec in registry.steps().values():
+        options = {
+            "max_retries": settings.max_retries,
+            "min_backoff": settings.min_backoff_ms,
+            "max_backoff": settings.max_backoff_ms,
+            **spec.actor_options,
+        }
+        actors[spec.actor_name] = dramatiq.Actor(
+            _actor_body(spec, runtime),
+            broker=broker,
+            actor_name=spec.actor_name,
+            queue_name=spec.queue_name,
+            priority=0,
+            options=options,
+        )
+    return actors
+
+
+def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
+    def body(*args: Any, **kwargs: Any) -> None:
+        message = CurrentMessage.get_current_message()
+        if message is None:
+            raise RuntimeError(f"{spec.actor_name} ran without the CurrentMessage middleware")
+        deliver(spec, runtime, message)
+
+    body.__name__ = spec.name
+    body.__qualname__ = spec.actor_name
+    body.__module__ = getattr(spec.fn, "__module__", __name__)
+    return body
+
+
+def deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> str:
+    """Process one delivery of ``message`` by ``spec``; return the outcome.
+
+    Outcomes: ``ok``, ``failed`` (business failure, answered), ``duplicate`` and
+    ``dead_lettered``. Any other error is raised for Dramatiq to retry, except on the
+    last allowed attempt, when the message is dead-lettered with the error instead.
+    """
+    database = runtime.database(spec.service)
+    raw = {"args": list(message.args), "kwargs": dict(message.kwargs), "options": dict(message.options)}
+    try:
+        message_id = uuid.UUID(str(message.message_id))
+    except ValueError:
+        return _park(spec, database, None, str(message.message_id), raw, "message id is not a UUID")
+    try:
+        command, payload = _decode(spec, message)
+    except InvalidMessage as exc:
+        return _park(spec, database, message_id, str(message_id), raw, str(exc))
+    with database.connection() as conn:
+        attempts = inbox.count_attempt(conn, spec.service, spec.actor_name, message_id)
+    if attempts > runtime.settings.max_deliveries:
+        reason = f"delivered {attempts} times without finishing (does it kill its worker?)"
+        return _park(spec, database, message_id, str(message_id), raw, reason)
+    try:
+        outcome = _run(spec, runtime, database, message, message_id, command, payload)
+    except Exception as exc:
+        if not _is_last_attempt(spec, runtime, message):
+            metrics.STEPS.labels(spec.actor_name, "error").inc()
+            raise
+        reason = f"failed {attempts} times, last: {type(exc).__name__}: {exc}"
+        try:
+            return _park(spec, database, message_id, str(message_id), raw, reason)
+        except Exception:
+            logger.exception("could not dead-letter %s %s; the broker will", spec.actor_name, message_id)
+            raise exc from None
+    metrics.STEPS.labels(spec.actor_name, outcome).inc()
+    return outcome
+
+
+def _decode(spec: StepSpec, message: dramatiq.Message[Any]) -> tuple[Any, dict[str, Any]]:
+    if message.kwargs or len(message.args) != 1:
+        raise InvalidMessage(
+            f"expected one JSON object argument, got {len(message.args)} args and {len(message.kwargs)} kwargs"
+        )
+    payload = message.args[0]
+    return from_json(spec.handles, payload), payload
+
+
+def _run(
+    spec: StepSpec,
+    runtime: Runtime,
+    database: Database,
+    message: dramatiq.Message[Any],
+    message_id: uuid.UUID,
+    command: Any,
+    payload: dict[str, Any],
+) -> str:
+    # Locks are released after the transaction has ended, whichever way it ended.
+    with contextlib.ExitStack() as after_transaction, database.transaction() as conn:
+        if not inbox.record(conn, spec.service, spec.actor_name, message_id):
+            inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
+            logger.info("%s: duplicate delivery of %s absorbed", spec.actor_name, message_id)
+            return "duplicate"
+        held = None
+        if spec.lock is not None:
+            held = after_transaction.enter_context(runtime.locks.hold(conn, spec.lock(command)))
+        saga_id = message.options.get("saga_id")
+        ctx = StepContext(
+            conn=conn,
+            service=spec.service,
+            message_id=message_id,
+            saga_id=uuid.UUID(saga_id) if saga_id else None,
+            options=dict(message.options),
+            payload=payload,
+            lock=held,
+        )
+        try:
+            # A savepoint: a business failure undoes the step's own work, not the inbox record.
+            with conn.transaction():
+                result = spec.fn(ctx, command)
+        except BusinessFailure as failure:
+            outcome = "failed"
+            _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+        else:
+            outcome = "ok"
+            _answer(ctx, spec, str(message_id), ok=True, result=result)
+        if held is not None:
+            held.before_commit(conn)
+        inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
+    logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
+    return outcome
+
+
+def _answer(
+    ctx: StepContext,
+    spec: StepSpec,
+    message_id: str,
+    *,
+    ok: bool,
+    result: Any = None,
+    error: str | None = None,
+) -> None:
+    reply_to = ctx.options.get(REPLY_TO)
+    if not reply_to:
+        if not ok:
+            # Nobody waits for an answer: park the refusal where an operator will see it.
+            logger.warning("%s: business failure for %s: %s", spec.actor_name, message_id, error)
+            inbox.dead_letter(
+                ctx.conn,
+                spec.service,
+                spec.actor_name,
+                message_id,
+                {"args": [ctx.payload], "options": ctx.options},
+                f"business failure: {error}",
+            )
+        return
+    body = Reply(
+        in_reply_to=message_id,
+        ok=ok,
+        context=dict(reply_to.get("context") or {}),
+        result=to_json(result) if attrs.has(type(result)) else result,
+        error=error,
+    )
+    ctx.send(
+        body,
+        to=outbox.Address(reply_to["actor"], reply_to["queue"]),
+        ordering_key=reply_to.get("ordering_key"),
+    )
+
+
+def _is_last_attempt(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> bool:
+    default = spec.actor_options.get("max_retries", runtime.settings.max_retries)
+    max_retries = message.options.get("max_retries", default)
+    return max_retries is not None and int(message.options.get("retries", 0)) >= int(max_retries)
+
+
+def _park(
+    spec: StepSpec,
+    database: Database,
+    message_id: uuid.UUID | None,
+    shown_id: str,
+    raw: dict[str, Any],
+    reason: str,
+) -> str:
+    """Dead-letter a message once (the inbox record keeps a redelivery from parking it again)."""
+    with database.transaction() as conn:
+        if message_id is not None:
+            if not inbox.record(conn, spec.service, spec.actor_name, message_id):
+                return "duplicate"
+            inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
+        inbox.dead_letter(conn, spec.service, spec.actor_name, shown_id, raw, f"{spec.actor_name}: {reason}")
+    logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
+    metrics.STEPS.labels(spec.actor_name, "dead_lettered").inc()
+    return "dead_lettered"

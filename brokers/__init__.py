@@ -1,0 +1,67 @@
+"""Messaging, broker-agnostic: a Dramatiq broker from a URL, and the relay that drains outboxes."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import CurrentMessage
+
+#: URL schemes ``broker_from_url`` understands.
+SCHEMES = ("stub", "amqp", "amqps", "redis", "rediss")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, fit for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_url(url: str) -> None:
+    """Raise ``ValueError`` with a reason if ``url`` is not a broker URL estafeta can use."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a non-numeric port
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc})") from None
+    if parts.scheme not in SCHEMES:
+        expected = ", ".join(f"{s}://" for s in SCHEMES)
+        raise ValueError(f"unknown scheme {parts.scheme!r} in {redact_url(url)} (expected {expected})")
+    if parts.scheme != "stub" and not parts.hostname:
+        raise ValueError(f"no host in {redact_url(url)}")
+    del port
+
+
+def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
+    """A Dramatiq broker for ``url``: ``stub://``, ``amqp://...`` or ``redis://...``.
+
+    RabbitMQ brokers confirm every publish (``confirm_delivery``), so a message the
+    broker did not take raises instead of vanishing. Every broker carries the
+    ``CurrentMessage`` middleware, which steps need to read their message id.
+    """
+    check_url(url)
+    scheme = urlsplit(url).scheme
+    broker: dramatiq.Broker
+    if scheme == "stub":
+        broker = StubBroker(**options)
+    elif scheme in ("amqp", "amqps"):
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        broker = RabbitmqBroker(url=url, confirm_delivery=True, **options)
+    else:
+        from dramatiq.brokers.redis import RedisBroker
+
+        broker = RedisBroker(url=url, **options)  # type: ignore[no-untyped-call]
+    if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
+        broker.add_middleware(CurrentMessage())
+    return broker

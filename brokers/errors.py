@@ -1,0 +1,9 @@
+"""Errors of the messaging layer."""
+
+from __future__ import annotations
+
+from sql.errors import EstafetaError
+
+
+class BrokerUnavailable(EstafetaError):
+    """The broker could not be reached; pending outbox rows stay pending."""

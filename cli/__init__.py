@@ -1,0 +1,1 @@
+"""The ``estafeta`` command line (click)."""

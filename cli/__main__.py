@@ -1,0 +1,5 @@
+"""``python -m cli``: the same as the ``estafeta`` command."""
+
+from .main import main
+
+main()

@@ -1,0 +1,65 @@
+"""``estafeta``: the command group, and the one place errors become one line and an exit code."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from sql.errors import EstafetaError
+
+#: Exit codes: bad input, and an operation that failed.
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """estafeta: transactional outbox, idempotent inbox, sagas and fenced locks for Dramatiq.
+
+    Configuration comes from ESTAFETA_* environment variables (see README.md);
+    the default is an embedded PostgreSQL and the in-memory StubBroker.
+    """
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        # The pool logs every failed reconnection; the command reports the outcome in one line.
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
+
+def _register() -> None:
+    from . import migrate, outbox, ping, relay
+
+    for module in (migrate, outbox, ping, relay):
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: bad input is one line on stderr and exit code 2, never a traceback."""
+    _register()
+    try:
+        code = cli.main(args=argv, prog_name="estafeta", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        code = 0
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "estafeta"
+        click.echo(f"{where}: {exc.format_message()}", err=True)
+        code = EXIT_USAGE
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.Abort:
+        click.echo("aborted", err=True)
+        code = 130
+    except click.ClickException as exc:
+        click.echo(f"estafeta: {exc.format_message()}", err=True)
+        code = exc.exit_code
+    except EstafetaError as exc:
+        click.echo(f"estafeta: {exc}", err=True)
+        code = EXIT_FAILURE
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,71 @@
+"""The inbox (processed message ids), delivery attempts and dead letters of a service."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from .queries import query
+
+
+def record(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> bool:
+    """Record that ``consumer`` processes ``message_id``; ``False`` means it already did.
+
+    Call it inside the transaction of the message's effect: the record then commits or
+    rolls back with the effect. A concurrent delivery of the same id waits here until
+    the first one's transaction ends, then sees it as a duplicate (or proceeds, if the
+    first rolled back).
+    """
+    cur = conn.execute(query("record_inbox", schema), {"consumer": consumer, "message_id": message_id})
+    return cur.rowcount == 1
+
+
+def count_attempt(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> int:
+    """Count one more delivery attempt of ``message_id`` and return the total.
+
+    Call it in autocommit, before the work: the count survives a worker that is killed.
+    """
+    row = conn.execute(query("count_attempt", schema), {"consumer": consumer, "message_id": message_id}).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def forget_attempts(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> None:
+    """Drop the attempt count of a message that reached its final outcome."""
+    conn.execute(query("forget_attempts", schema), {"consumer": consumer, "message_id": message_id})
+
+
+def dead_letter(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    consumer: str,
+    message_id: str,
+    message: dict[str, Any],
+    reason: str,
+) -> None:
+    """Park a message that will not be processed, with the reason, for an operator."""
+    conn.execute(
+        query("insert_dead_letter", schema),
+        {"consumer": consumer, "message_id": message_id, "message": Jsonb(message), "reason": reason},
+    )
+
+
+def list_dead_letters(conn: psycopg.Connection[Any], schema: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The newest dead letters first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("list_dead_letters", schema), {"limit": limit})
+        return cur.fetchall()
+
+
+def prune(conn: psycopg.Connection[Any], schema: str, older_than: timedelta) -> int:
+    """Delete inbox records older than ``older_than``; return how many.
+
+    Only safe once no duplicate of those messages can still arrive (relay re-publishes
+    and broker redeliveries happen within minutes, not days).
+    """
+    return conn.execute(query("prune_inbox", schema), {"older_than": older_than}).rowcount

@@ -1,0 +1,135 @@
+"""Connection pools per database, transactions, and the one place driver errors are translated."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg import conninfo, pq
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from .errors import DatabaseError, DatabaseUnavailable, LockNotAcquired
+
+logger = logging.getLogger(__name__)
+
+#: A transaction left idle this long is a bug (a step blocked on the network while
+#: holding locks); PostgreSQL ends it rather than let it hold row locks forever.
+IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+
+
+def describe_dsn(dsn: str) -> str:
+    """A DSN as it may appear in logs and errors: host, port, database and user, never the password."""
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable DSN>"
+    user = params.get("user")
+    host = params.get("host") or "localhost"
+    port = params.get("port")
+    where = f"{host}:{port}" if port else str(host)
+    who = f"{user}@" if user else ""
+    return f"postgresql://{who}{where}/{params.get('dbname', '')}"
+
+
+def check_dsn(dsn: str) -> None:
+    """Raise ``ValueError`` with a reason (that omits the password) if ``dsn`` is not a libpq DSN."""
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(_scrub(str(exc).strip()) or "not a PostgreSQL connection string") from None
+    for port in str(params.get("port") or "5432").split(","):
+        if not port.strip().isdigit():
+            raise ValueError(f"port {port.strip()!r} is not a number")
+
+
+def _scrub(message: str) -> str:
+    # libpq quotes the offending fragment, which may be (part of) the password: keep only
+    # quoted words that are connection keywords ("port", "sslmode"...).
+    keywords = {opt.keyword.decode() for opt in pq.Conninfo.get_defaults()}
+    return re.sub(r'"([^"]*)"', lambda m: m.group(0) if m.group(1) in keywords else '"…"', message)
+
+
+@contextlib.contextmanager
+def translate_errors(where: str) -> Iterator[None]:
+    """Turn psycopg and pool errors into estafeta's, naming ``where`` (a DSN description)."""
+    try:
+        yield
+    except psycopg.errors.LockNotAvailable as exc:
+        raise LockNotAcquired(f"lock not acquired in time on {where}: {exc.diag.message_primary}") from exc
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable(f"no connection to {where} within the pool timeout") from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"lost or could not open a connection to {where}: {_first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(f"{where}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+        (IDLE_IN_TRANSACTION_TIMEOUT,),
+    )
+
+
+class Database:
+    """A pool of autocommit connections to one PostgreSQL database.
+
+    ``transaction()`` is the unit of work: everything done on the connection it yields
+    commits together when the block ends, or rolls back if it raises.
+    """
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 10.0) -> None:
+        self.dsn = dsn
+        self.description = describe_dsn(dsn)
+        self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            name=self.description,
+        )
+        self._opened = False
+
+    def _open(self) -> None:
+        if not self._opened:
+            with translate_errors(self.description):
+                self.pool.open(wait=False)
+            self._opened = True
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit mode."""
+        self._open()
+        with translate_errors(self.description), self.pool.connection() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection inside a transaction that commits when the block ends."""
+        with self.connection() as conn, translate_errors(self.description), conn.transaction():
+            yield conn
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        if self._opened:
+            self.pool.close()
+            self._opened = False
+
+
+def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """One connection outside any pool (for LISTEN, migrations and tests)."""
+    with translate_errors(describe_dsn(dsn)):
+        return psycopg.connect(dsn, autocommit=autocommit)

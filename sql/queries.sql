@@ -1,0 +1,98 @@
+-- Named queries, parsed once by sql/queries.py. `{schema}` is the service's schema,
+-- substituted as an identifier (never as text); everything else is a named parameter.
+
+-- insert_outbox --
+INSERT INTO {schema}.outbox
+    (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at)
+VALUES
+    (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
+     now() + %(delay)s)
+
+-- claim_batch --
+-- The oldest due rows, skipping rows another relay holds, and skipping every row whose
+-- key is blocked by an older row that failed or waits for its retry: a stuck key must
+-- not fill every batch with rows that cannot go out.
+SELECT id, message_id, queue_name, actor_name, message, ordering_key, saga_id, created_at, attempts
+FROM {schema}.outbox AS o
+WHERE o.status = 'pending'
+  AND o.available_at <= now()
+  AND (o.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.outbox AS older
+        WHERE older.ordering_key = o.ordering_key
+          AND older.id < o.id
+          AND (older.status = 'failed' OR older.available_at > now())))
+ORDER BY o.id
+LIMIT %(limit)s
+FOR UPDATE OF o SKIP LOCKED
+
+-- held_back --
+-- Rows of the claimed batch that must wait: an older row of the same key exists outside
+-- the batch (another relay holds it, or it is not due yet). Publishing them now would
+-- overtake it.
+SELECT b.id
+FROM unnest(%(ids)s::bigint[], %(keys)s::text[]) AS b(id, ordering_key)
+WHERE b.ordering_key IS NOT NULL
+  AND EXISTS (
+        SELECT 1 FROM {schema}.outbox AS older
+        WHERE older.ordering_key = b.ordering_key
+          AND older.id < b.id
+          AND older.id <> ALL(%(ids)s::bigint[]))
+
+-- delete_published --
+DELETE FROM {schema}.outbox WHERE id = ANY(%(ids)s::bigint[])
+
+-- record_publish_failure --
+UPDATE {schema}.outbox
+SET attempts = attempts + 1,
+    last_error = %(error)s,
+    status = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,
+    available_at = now() + %(backoff)s
+WHERE id = ANY(%(ids)s::bigint[])
+
+-- retry_failed --
+UPDATE {schema}.outbox
+SET status = 'pending', attempts = 0, available_at = now()
+WHERE status = 'failed' AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
+RETURNING id
+
+-- list_failed --
+SELECT id, message_id, actor_name, ordering_key, attempts, last_error, created_at
+FROM {schema}.outbox
+WHERE status = 'failed'
+ORDER BY id
+LIMIT %(limit)s
+
+-- outbox_stats --
+SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
+           AS oldest_pending_age_seconds
+FROM {schema}.outbox
+
+-- record_inbox --
+INSERT INTO {schema}.inbox (consumer, message_id)
+VALUES (%(consumer)s, %(message_id)s)
+ON CONFLICT DO NOTHING
+
+-- count_attempt --
+INSERT INTO {schema}.inbox_attempts (consumer, message_id)
+VALUES (%(consumer)s, %(message_id)s)
+ON CONFLICT (consumer, message_id)
+    DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = now()
+RETURNING attempts
+
+-- forget_attempts --
+DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+
+-- insert_dead_letter --
+INSERT INTO {schema}.dead_letters (consumer, message_id, message, reason)
+VALUES (%(consumer)s, %(message_id)s, %(message)s, %(reason)s)
+
+-- list_dead_letters --
+SELECT id, consumer, message_id, message, reason, created_at
+FROM {schema}.dead_letters
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- prune_inbox --
+DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s

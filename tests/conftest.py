@@ -1,0 +1,111 @@
+"""Fixtures: a scratch PostgreSQL database per run, wiped between tests; fresh StubBrokers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import dramatiq
+import psycopg
+import pytest
+from dramatiq.brokers.stub import StubBroker
+from psycopg import sql
+
+import actors  # noqa: F401  (declares every service and step)
+from actors.runtime import Runtime
+from actors.services import all_services
+from actors.settings import Settings
+from actors.step import bind
+from brokers.publish import EnqueuePublisher
+from brokers.relay import Outbox, Relay, RelayConfig
+from tests import steps  # noqa: F401  (test-only steps, bound with the rest)
+
+from .services import scratch_database
+
+#: Test settings: tiny backoffs so retries happen within a test.
+TEST_SETTINGS = {"max_retries": 3, "min_backoff_ms": 10, "max_backoff_ms": 50, "lock_timeout_ms": 2000}
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A database of this run's own, with every service's migrations applied."""
+    with scratch_database() as dsn:
+        runtime = Runtime(Settings(database_url=dsn))
+        runtime.migrate()
+        runtime.close()
+        yield dsn
+
+
+def _wipe(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT schemaname, tablename FROM pg_tables"
+            " WHERE schemaname = ANY(%s) AND tablename <> 'schema_migrations'",
+            ([s.name for s in all_services()],),
+        ).fetchall()
+        if tables:
+            names = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in tables)
+            conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(names))
+
+
+@pytest.fixture
+def runtime(database_url: str) -> Iterator[Runtime]:
+    """A runtime on the run's database, emptied before the test."""
+    _wipe(database_url)
+    runtime = Runtime(Settings(database_url=database_url, **TEST_SETTINGS))  # type: ignore[arg-type]
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def conn(database_url: str, runtime: Runtime) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the run's database, for arranging and checking."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def stub_broker(runtime: Runtime) -> Iterator[StubBroker]:
+    """A fresh StubBroker with every step bound to it."""
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    dramatiq.set_broker(broker)
+    bind(broker, runtime)
+    yield broker
+    broker.flush_all()
+    broker.close()
+
+
+@pytest.fixture
+def stub_worker(stub_broker: StubBroker) -> Iterator[dramatiq.Worker]:
+    """A worker consuming the stub broker in this process."""
+    worker = dramatiq.Worker(stub_broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+def make_relay(runtime: Runtime, broker: dramatiq.Broker, **config: object) -> Relay:
+    """A relay over every service's outbox, publishing to ``broker``."""
+    defaults: dict[str, object] = {"batch_size": 100, "poll_interval": 0.05, "attempt_backoff": timedelta(0)}
+    outboxes = [Outbox(s.name, runtime.database(s.name)) for s in all_services()]
+    return Relay(outboxes, EnqueuePublisher(broker), RelayConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def relay(runtime: Runtime, stub_broker: StubBroker) -> Relay:
+    """A relay publishing to the stub broker (drive it with ``drain_once``)."""
+    return make_relay(runtime, stub_broker)
+
+
+@pytest.fixture
+def running_relay(relay: Relay) -> Iterator[Relay]:
+    """The relay running in a thread, woken by NOTIFY."""
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    yield relay
+    stop.set()
+    thread.join(timeout=10)

@@ -1,0 +1,48 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import dramatiq
+import psycopg
+
+from actors.messages import to_json
+
+
+def message_for(
+    actor_name: str, command: Any, *, message_id: uuid.UUID | None = None, **options: Any
+) -> dramatiq.Message[Any]:
+    """A Dramatiq message as the relay would publish it for ``command``."""
+    return dramatiq.Message(
+        queue_name=actor_name.split(".")[0],
+        actor_name=actor_name,
+        args=(to_json(command),),
+        kwargs={},
+        options=options,
+        message_id=str(message_id or uuid.uuid4()),
+    )
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
+    """The first column of the first row."""
+    row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+    return row[0] if row else None
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> None:
+    """Poll ``check`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or check}")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)

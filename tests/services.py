@@ -1,0 +1,92 @@
+"""Reaching the real PostgreSQL, RabbitMQ and Redis the tests need.
+
+Connection details come from the libpq environment (PGHOST, PGPORT, PGUSER,
+PGDATABASE), ``TEST_AMQP_URL`` and ``TEST_REDIS_URL``; the defaults are the services of
+the development machines. A missing service skips the tests that need it, with the
+reason, except when ``CI`` is set: then it is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+for _var, _default in (
+    ("PGHOST", "127.0.0.1"),
+    ("PGPORT", "5432"),
+    ("PGUSER", "postgres"),
+    ("PGDATABASE", "test"),
+):
+    os.environ.setdefault(_var, _default)
+
+AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
+
+
+def require(service: str, reachable: bool, reason: str) -> None:
+    """Skip (or, under CI, fail) when ``service`` is not reachable."""
+    if reachable:
+        return
+    message = f"{service} is not reachable: {reason}"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(message)
+
+
+def _port_open(url: str, default_port: int) -> tuple[bool, str]:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or default_port
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True, ""
+    except OSError as exc:
+        return False, f"{host}:{port}: {exc}"
+
+
+def require_rabbitmq() -> str:
+    """The AMQP URL of a reachable RabbitMQ."""
+    ok, why = _port_open(AMQP_URL, 5672)
+    require("RabbitMQ", ok, why)
+    return AMQP_URL
+
+
+def require_redis() -> str:
+    """The URL of a reachable Redis."""
+    ok, why = _port_open(REDIS_URL, 6379)
+    require("Redis", ok, why)
+    return REDIS_URL
+
+
+def admin_dsn(dbname: str | None = None) -> str:
+    """A DSN for the test server (from the libpq environment), for ``dbname`` or PGDATABASE."""
+    return psycopg.conninfo.make_conninfo(
+        host=os.environ["PGHOST"],
+        port=os.environ["PGPORT"],
+        user=os.environ["PGUSER"],
+        dbname=dbname or os.environ["PGDATABASE"],
+    )
+
+
+@contextmanager
+def scratch_database() -> Iterator[str]:
+    """A new, empty database for this test run, dropped afterwards; yields its DSN."""
+    try:
+        admin = psycopg.connect(admin_dsn(), autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        require("PostgreSQL", False, str(exc).strip().splitlines()[0])
+        raise
+    name = f"estafeta_test_{uuid.uuid4().hex[:12]}"
+    with admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            yield admin_dsn(name)
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -1,0 +1,158 @@
+"""The step: one transaction per message (inbox, change, outbox), on real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from actors.pingpong import Ping
+from actors.registry import REGISTRY
+from actors.runtime import Runtime
+from actors.step import deliver
+from sql import inbox
+
+from .helpers import message_for, now, scalar, wait_until
+from .steps import ATTEMPTS, Explode, Refuse
+
+PING = REGISTRY.get("pingpong.ping")
+EXPLODE = REGISTRY.get("pingpong.test_explode")
+REFUSE = REGISTRY.get("pingpong.test_refuse")
+
+
+def test_change_and_outgoing_message_commit_together(runtime: Runtime, conn) -> None:
+    ping_id = uuid.uuid4()
+    outcome = deliver(PING, runtime, message_for("pingpong.ping", Ping(ping_id, now())))
+    assert outcome == "ok"
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings WHERE ping_id = %s", ping_id) == 1
+    row = conn.execute("SELECT actor_name, message FROM pingpong.outbox").fetchone()
+    assert row[0] == "pingpong.pong"
+    assert row[1]["args"] == [{"ping_id": str(ping_id)}]
+    assert row[1]["options"]["traceparent"].startswith("00-")
+
+
+def test_exception_after_send_leaves_neither_change_nor_outbox_row(runtime: Runtime, conn) -> None:
+    ping_id = uuid.uuid4()
+    message = message_for("pingpong.test_explode", Explode(ping_id))
+    with pytest.raises(RuntimeError, match="boom"):
+        deliver(EXPLODE, runtime, message)
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
+    # The inbox record rolled back too, so the retry is not mistaken for a duplicate.
+    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox") == 0
+
+
+def test_duplicate_delivery_changes_nothing(runtime: Runtime, conn) -> None:
+    ping_id, message_id = uuid.uuid4(), uuid.uuid4()
+    message = message_for("pingpong.ping", Ping(ping_id, now()), message_id=message_id)
+    assert deliver(PING, runtime, message) == "ok"
+    assert deliver(PING, runtime, message) == "duplicate"
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 1
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox_attempts") == 0
+
+
+def test_concurrent_duplicates_take_effect_once(runtime: Runtime, conn) -> None:
+    # Two workers receive the same message at the same instant: the second inbox insert
+    # waits for the first transaction and then sees a duplicate.
+    message = message_for("pingpong.ping", Ping(uuid.uuid4(), now()))
+    outcomes: list[str] = []
+    barrier = threading.Barrier(4)
+
+    def run() -> None:
+        barrier.wait()
+        outcomes.append(deliver(PING, runtime, message))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["duplicate", "duplicate", "duplicate", "ok"]
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 1
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 1
+
+
+def test_invalid_message_is_dead_lettered_once_with_its_reason(runtime: Runtime, conn) -> None:
+    message = message_for("pingpong.ping", Ping(uuid.uuid4(), now()))
+    message = message.copy(args=({"sent_at": "yesterday"},))
+    assert deliver(PING, runtime, message) == "dead_lettered"
+    assert deliver(PING, runtime, message) == "duplicate"
+    reasons = [r["reason"] for r in inbox.list_dead_letters(conn, "pingpong")]
+    assert len(reasons) == 1
+    assert "pingpong.ping" in reasons[0] and "ping_id" in reasons[0]
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
+
+
+def test_message_id_that_is_not_a_uuid_is_dead_lettered(runtime: Runtime, conn) -> None:
+    message = message_for("pingpong.ping", Ping(uuid.uuid4(), now())).copy(message_id="not-a-uuid")
+    assert deliver(PING, runtime, message) == "dead_lettered"
+    assert "not a UUID" in inbox.list_dead_letters(conn, "pingpong")[0]["reason"]
+
+
+def test_business_failure_rolls_back_the_step_but_is_not_retried(runtime: Runtime, conn) -> None:
+    message = message_for("pingpong.test_refuse", Refuse(uuid.uuid4()))
+    assert deliver(REFUSE, runtime, message) == "failed"
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox") == 1
+    assert "not enough money" in inbox.list_dead_letters(conn, "pingpong")[0]["reason"]
+    assert deliver(REFUSE, runtime, message) == "duplicate"
+
+
+def test_business_failure_answers_the_sender_that_asked(runtime: Runtime, conn) -> None:
+    reply_to = {"actor": "orders.saga_reply", "queue": "orders", "context": {"step": "charge", "version": 3}}
+    message = message_for("pingpong.test_refuse", Refuse(uuid.uuid4()), reply_to=reply_to)
+    assert deliver(REFUSE, runtime, message) == "failed"
+    row = conn.execute("SELECT actor_name, message FROM pingpong.outbox").fetchone()
+    assert row[0] == "orders.saga_reply"
+    reply = row[1]["args"][0]
+    assert reply["ok"] is False and reply["context"] == {"step": "charge", "version": 3}
+    assert reply["in_reply_to"] == message.message_id
+    assert "not enough money" in reply["error"]
+    assert inbox.list_dead_letters(conn, "pingpong") == []
+
+
+def test_transient_failure_is_retried_until_it_succeeds_once(runtime: Runtime, conn, stub_broker, stub_worker) -> None:
+    ping_id = uuid.uuid4()
+    stub_broker.enqueue(message_for("pingpong.test_explode", Explode(ping_id, times=2)))
+    wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.pings") == 1, what="the third attempt")
+    stub_broker.join("pingpong", timeout=10_000)
+    assert ATTEMPTS[ping_id] == 3
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 1
+
+
+def test_failing_every_retry_is_dead_lettered_and_not_lost(runtime: Runtime, conn, stub_broker, stub_worker) -> None:
+    ping_id = uuid.uuid4()
+    stub_broker.enqueue(message_for("pingpong.test_explode", Explode(ping_id)))
+    wait_until(lambda: bool(inbox.list_dead_letters(conn, "pingpong")), what="the dead letter")
+    stub_broker.join("pingpong", timeout=10_000)
+    (letter,) = inbox.list_dead_letters(conn, "pingpong")
+    assert "failed 4 times" in letter["reason"] and "boom" in letter["reason"]
+    assert letter["message"]["args"] == [{"ping_id": str(ping_id), "times": -1}]
+    assert ATTEMPTS[ping_id] == 4  # max_retries=3 in the tests' settings
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
+
+
+def test_message_that_keeps_killing_its_worker_is_parked(runtime: Runtime, conn) -> None:
+    # Deliveries are counted in PostgreSQL before the work starts (a killed worker cannot
+    # count its own death); past the limit the message is parked without running.
+    message = message_for("pingpong.ping", Ping(uuid.uuid4(), now()))
+    conn.execute(
+        "INSERT INTO pingpong.inbox_attempts (consumer, message_id, attempts) VALUES ('pingpong.ping', %s, %s)",
+        (uuid.UUID(message.message_id), runtime.settings.max_deliveries),
+    )
+    assert deliver(PING, runtime, message) == "dead_lettered"
+    assert "does it kill its worker" in inbox.list_dead_letters(conn, "pingpong")[0]["reason"]
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
+
+
+def test_worker_keeps_serving_after_a_malformed_message(runtime: Runtime, conn, stub_broker, stub_worker) -> None:
+    bad = message_for("pingpong.ping", Ping(uuid.uuid4(), now())).copy(args=("not an object",))
+    stub_broker.enqueue(bad)
+    good_id = uuid.uuid4()
+    stub_broker.enqueue(message_for("pingpong.ping", Ping(good_id, now())))
+    stub_broker.join("pingpong", timeout=10_000)
+    assert scalar(conn, "SELECT count(*) FROM pingpong.pings WHERE ping_id = %s", good_id) == 1
+    assert len(inbox.list_dead_letters(conn, "pingpong")) == 1
