@@ -34,8 +34,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+## Benchmarks: each prints its figures beside the baselines measured in the same run.
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench.relay
+	$(BIN)/python -m bench.sagas
+	$(BIN)/python -m bench.locks
 
 clean:
 	rm -rf $(VENV) .estafeta build *.egg-info

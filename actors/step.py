@@ -118,12 +118,18 @@ class StepContext:
 def bind(
     broker: dramatiq.Broker, runtime: Runtime, registry: Registry = REGISTRY
 ) -> dict[str, dramatiq.Actor[..., None]]:
-    """Declare every registered step as an actor on ``broker``, running with ``runtime``."""
+    """Declare every registered step as an actor on ``broker``, running with ``runtime``.
+
+    Steps already declared on ``broker`` are left as they are, so a module declaring
+    more steps can bind just those to the broker the worker already uses.
+    """
     if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
         broker.add_middleware(CurrentMessage())
     settings = runtime.settings
     actors = {}
     for spec in registry.steps().values():
+        if spec.actor_name in broker.actors:
+            continue
         options = {
             "max_retries": settings.max_retries,
             "min_backoff": settings.min_backoff_ms,

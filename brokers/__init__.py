@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
@@ -42,8 +42,21 @@ def check_url(url: str) -> None:
     del port
 
 
+def split_namespace(url: str) -> tuple[str, str | None]:
+    """Take the ``namespace`` query parameter (the Redis key prefix) out of a Redis URL.
+
+    ``redis://host:6379/0?namespace=shop`` lets several applications (or test runs)
+    share one Redis database; redis-py itself would reject the unknown parameter.
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    namespace = next((value for key, value in query if key == "namespace"), None)
+    rest = urlencode([(key, value) for key, value in query if key != "namespace"])
+    return urlunsplit(parts._replace(query=rest)), namespace
+
+
 def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
-    """A Dramatiq broker for ``url``: ``stub://``, ``amqp://...`` or ``redis://...``.
+    """A Dramatiq broker for ``url``: ``stub://``, ``amqp://...`` or ``redis://...[?namespace=prefix]``.
 
     RabbitMQ brokers confirm every publish (``confirm_delivery``), so a message the
     broker did not take raises instead of vanishing. Every broker carries the
@@ -61,6 +74,9 @@ def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
     else:
         from dramatiq.brokers.redis import RedisBroker
 
+        url, namespace = split_namespace(url)
+        if namespace:
+            options.setdefault("namespace", namespace)
         broker = RedisBroker(url=url, **options)  # type: ignore[no-untyped-call]
     if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
         broker.add_middleware(CurrentMessage())

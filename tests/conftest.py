@@ -22,7 +22,7 @@ from brokers.publish import EnqueuePublisher
 from brokers.relay import Outbox, Relay, RelayConfig
 from tests import steps  # noqa: F401  (test-only steps, bound with the rest)
 
-from .services import scratch_database
+from .services import rabbitmq_vhost, redis_namespaced, scratch_database
 
 #: Test settings: tiny backoffs so retries happen within a test.
 TEST_SETTINGS = {"max_retries": 3, "min_backoff_ms": 10, "max_backoff_ms": 50, "lock_timeout_ms": 2000}
@@ -36,6 +36,19 @@ def database_url() -> Iterator[str]:
         runtime.migrate()
         runtime.close()
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    """A RabbitMQ URL on this run's own vhost (skips, or fails under CI, without RabbitMQ)."""
+    with rabbitmq_vhost() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A Redis URL with this run's own key namespace (skips, or fails under CI, without Redis)."""
+    return redis_namespaced()
 
 
 def _wipe(dsn: str) -> None:

@@ -9,11 +9,13 @@ reason, except when ``CI`` is set: then it is a failure.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -29,6 +31,10 @@ for _var, _default in (
 
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
+
+#: One name per test run: its RabbitMQ vhost and Redis key namespace, so concurrent runs
+#: (and the queues they fill) never see each other.
+RUN_ID = f"estafeta-test-{uuid.uuid4().hex[:10]}"
 
 
 def require(service: str, reachable: bool, reason: str) -> None:
@@ -63,6 +69,39 @@ def require_redis() -> str:
     ok, why = _port_open(REDIS_URL, 6379)
     require("Redis", ok, why)
     return REDIS_URL
+
+
+@contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """An AMQP URL on a vhost of this run's own (deleted afterwards), or the shared one.
+
+    A private vhost needs ``rabbitmqctl`` on this machine; without it the run uses
+    ``TEST_AMQP_URL`` as it is.
+    """
+    url = require_rabbitmq()
+    ctl = shutil.which("rabbitmqctl")
+    if not ctl or "TEST_AMQP_URL" in os.environ:
+        yield url
+        return
+    user = urlsplit(url).username or "guest"
+    _ctl(ctl, "add_vhost", RUN_ID)
+    try:
+        _ctl(ctl, "set_permissions", "-p", RUN_ID, user, ".*", ".*", ".*")
+        parts = urlsplit(url)
+        yield urlunsplit(parts._replace(path="/" + RUN_ID))
+    finally:
+        _ctl(ctl, "delete_vhost", RUN_ID)
+
+
+def _ctl(ctl: str, *args: str) -> None:
+    subprocess.run([ctl, "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+def redis_namespaced() -> str:
+    """A Redis URL whose keys live under this run's namespace."""
+    url = require_redis()
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}namespace={RUN_ID}"
 
 
 def admin_dsn(dbname: str | None = None) -> str:
