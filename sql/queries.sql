@@ -6,7 +6,7 @@ INSERT INTO {schema}.outbox
     (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at)
 VALUES
     (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
-     now() + %(delay)s)
+     now() + %(delay)s::interval)
 
 -- claim_batch --
 -- The oldest due rows, skipping rows another relay holds, and skipping every row whose
@@ -46,7 +46,7 @@ UPDATE {schema}.outbox
 SET attempts = attempts + 1,
     last_error = %(error)s,
     status = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,
-    available_at = now() + %(backoff)s
+    available_at = now() + %(backoff)s::interval
 WHERE id = ANY(%(ids)s::bigint[])
 
 -- retry_failed --
@@ -95,4 +95,4 @@ ORDER BY id DESC
 LIMIT %(limit)s
 
 -- prune_inbox --
-DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s
+DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s::interval

@@ -1,0 +1,112 @@
+"""Migrations: the schema they build is the one the code expects; applying is idempotent and safe
+from several processes at once."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from psycopg import pq, sql
+
+from actors.runtime import Runtime
+from actors.services import all_services
+from actors.settings import Settings
+from sql import queries
+
+from .integration.processes import ROOT, service_env
+from .services import scratch_database
+
+#: The columns operators and other tools query: the issue fixes their names.
+OUTBOX_COLUMNS = {
+    "id": "bigint", "message_id": "uuid", "queue_name": "text", "actor_name": "text", "message": "jsonb",
+    "ordering_key": "text", "saga_id": "uuid", "created_at": "timestamp with time zone",
+    "available_at": "timestamp with time zone", "attempts": "integer", "last_error": "text", "status": "text",
+}  # fmt: skip
+INBOX_COLUMNS = {"consumer": "text", "message_id": "uuid", "processed_at": "timestamp with time zone"}
+
+
+def _columns(conn: psycopg.Connection[object], schema: str, table: str) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+        (schema, table),
+    ).fetchall()
+    return {str(name): str(kind) for name, kind in rows}
+
+
+def _primary_key(conn: psycopg.Connection[object], schema: str, table: str) -> list[str]:
+    rows = conn.execute(
+        """SELECT a.attname FROM pg_index i
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+           WHERE i.indrelid = format('%%I.%%I', %s::text, %s::text)::regclass AND i.indisprimary
+           ORDER BY array_position(i.indkey, a.attnum)""",
+        (schema, table),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+@pytest.mark.parametrize("service", [s.name for s in all_services()])
+def test_every_service_gets_the_outbox_and_inbox_the_code_expects(service: str, conn, runtime) -> None:
+    assert _columns(conn, service, "outbox") == OUTBOX_COLUMNS
+    assert _columns(conn, service, "inbox") == INBOX_COLUMNS
+    assert _primary_key(conn, service, "inbox") == ["consumer", "message_id"]
+
+
+@pytest.mark.parametrize("service", [s.name for s in all_services()])
+@pytest.mark.parametrize("name", queries.names())
+def test_every_named_query_compiles_against_the_migrated_schema(service: str, name: str, conn, runtime) -> None:
+    text = queries.query(name, service).as_string(conn)
+    numbers: dict[str, int] = {}
+    server_text = re.sub(r"%\((\w+)\)s", lambda m: f"${numbers.setdefault(m.group(1), len(numbers) + 1)}", text)
+    result = conn.pgconn.prepare(f"check_{name}".encode(), server_text.encode())
+    assert result.status == pq.ExecStatus.COMMAND_OK, result.error_message.decode()
+
+
+def test_applying_twice_applies_nothing_the_second_time(database_url: str) -> None:
+    runtime = Runtime(Settings(database_url=database_url))
+    try:
+        assert all(names == [] for names in runtime.migrate().values())
+        assert all(names == [] for names in runtime.migrate(check=True).values())
+    finally:
+        runtime.close()
+
+
+def test_services_can_live_in_separate_databases() -> None:
+    with scratch_database() as main_dsn, scratch_database() as pingpong_dsn:
+        runtime = Runtime(Settings(database_url=main_dsn, service_database_urls={"pingpong": pingpong_dsn}))
+        try:
+            runtime.migrate()
+        finally:
+            runtime.close()
+        with psycopg.connect(pingpong_dsn) as conn:
+            assert _columns(conn, "pingpong", "pings")
+        with psycopg.connect(main_dsn) as conn:
+            assert _columns(conn, "pingpong", "pings") == {}
+
+
+def _estafeta(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_check_exits_1_while_pending_and_four_migrators_at_once_apply_each_file_once() -> None:
+    with scratch_database() as dsn:
+        env = service_env(dsn, "stub://")
+        pending = _estafeta(env, "migrate", "--check")
+        assert pending.returncode == 1, pending.stderr
+        assert "pingpong: pending" in pending.stdout
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: _estafeta(env, "migrate"), range(4)))
+        assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
+
+        assert _estafeta(env, "migrate", "--check").returncode == 0
+        with psycopg.connect(dsn) as conn:
+            for service in all_services():
+                query = sql.SQL("SELECT name FROM {}.schema_migrations").format(sql.Identifier(service.name))
+                names = conn.execute(query).fetchall()
+                assert sorted(n for (n,) in names) == sorted(m.name for m in service.migrations())

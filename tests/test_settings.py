@@ -1,0 +1,74 @@
+"""Settings: defaults, overrides, and one-line errors that name the variable and hide passwords."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.errors import SettingsError
+from actors.settings import Settings
+from brokers import redact_url
+
+
+def test_defaults_need_no_configuration() -> None:
+    settings = Settings.from_env({})
+    assert settings.database_url == "embedded"
+    assert settings.broker_url == "stub://"
+    assert settings.lock_url == "postgres"
+    assert settings.relay_max_attempts == 5
+
+
+def test_a_service_can_have_its_own_database() -> None:
+    settings = Settings.from_env(
+        {"ESTAFETA_DATABASE_URL": "dbname=shop", "ESTAFETA_PAYMENTS_DATABASE_URL": "host=db2 dbname=payments"}
+    )
+    assert settings.database_url_for("orders") == "dbname=shop"
+    assert settings.database_url_for("payments") == "host=db2 dbname=payments"
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"ESTAFETA_BROKER_URL": "kafka://u:hunter2@h:9092"}, "ESTAFETA_BROKER_URL: unknown scheme 'kafka'"),
+        ({"ESTAFETA_BROKER_URL": "amqp://u:hunter2@:5672/"}, "ESTAFETA_BROKER_URL: no host"),
+        ({"ESTAFETA_BROKER_URL": "amqp://u:hunter2@h:port/"}, "ESTAFETA_BROKER_URL: not a URL"),
+        ({"ESTAFETA_DATABASE_URL": "host=x password=hunter2 oops"}, "ESTAFETA_DATABASE_URL: not a PostgreSQL DSN"),
+        ({"ESTAFETA_DATABASE_URL": "postgresql://u:hunter2@h:port/db"}, "ESTAFETA_DATABASE_URL: not a PostgreSQL"),
+        ({"ESTAFETA_ORDERS_DATABASE_URL": ""}, "ESTAFETA_ORDERS_DATABASE_URL: is empty"),
+        ({"ESTAFETA_LOCK_URL": "zookeeper://u:hunter2@h"}, "ESTAFETA_LOCK_URL: "),
+        ({"ESTAFETA_RELAY_BATCH_SIZE": "lots"}, "ESTAFETA_RELAY_BATCH_SIZE: 'lots' is not a number"),
+        ({"ESTAFETA_RELAY_BATCH_SIZE": "0"}, "ESTAFETA_RELAY_BATCH_SIZE: 0 is below the minimum 1"),
+        ({"ESTAFETA_BROKR_URL": "stub://"}, "ESTAFETA_BROKR_URL: unknown setting"),
+        ({"ESTAFETA_MIN_BACKOFF_MS": "10", "ESTAFETA_MAX_BACKOFF_MS": "5"}, "ESTAFETA_MAX_BACKOFF_MS: must not be"),
+    ],
+)
+def test_bad_values_name_the_variable_in_one_line_without_the_password(environ: dict[str, str], expected: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(environ)
+    message = str(caught.value)
+    assert message.startswith(expected)
+    assert "\n" not in message
+    assert "hunter2" not in message
+
+
+def test_a_toml_file_is_read_and_the_environment_wins(tmp_path: Path) -> None:
+    config = tmp_path / "estafeta.toml"
+    config.write_text('broker_url = "redis://cache:6379/0"\nrelay_batch_size = 50\nlock_url = "postgres"\n')
+    settings = Settings.from_env({"ESTAFETA_CONFIG": str(config), "ESTAFETA_RELAY_BATCH_SIZE": "70"})
+    assert settings.broker_url == "redis://cache:6379/0"
+    assert settings.relay_batch_size == 70
+
+
+def test_an_unreadable_config_file_is_a_settings_error(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="ESTAFETA_CONFIG: cannot read"):
+        Settings.from_env({"ESTAFETA_CONFIG": str(tmp_path / "missing.toml")})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("broker_url = ")
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        Settings.from_env({"ESTAFETA_CONFIG": str(broken)})
+
+
+def test_redacted_urls_keep_everything_but_the_password() -> None:
+    assert redact_url("amqp://guest:secret@rabbit:5672/vhost") == "amqp://guest:***@rabbit:5672/vhost"
+    assert redact_url("redis://cache:6379/0") == "redis://cache:6379/0"
