@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
@@ -16,7 +17,14 @@ EXIT_FAILURE = 1
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def cli(verbose: int) -> None:
+@click.option(
+    "--import",
+    "modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE first: your own services, with their steps and migrations (repeatable).",
+)
+def cli(verbose: int, modules: tuple[str, ...]) -> None:
     """estafeta: transactional outbox, idempotent inbox, sagas and fenced locks for Dramatiq.
 
     Configuration comes from ESTAFETA_* environment variables (see README.md);
@@ -27,6 +35,11 @@ def cli(verbose: int) -> None:
     if not verbose:
         # The pool logs every failed reconnection; the command reports the outcome in one line.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise click.BadParameter(f"cannot import {module!r}: {exc}", param_hint="--import") from None
 
 
 def _register() -> None:

@@ -14,6 +14,7 @@ from dramatiq.brokers.stub import StubBroker
 from psycopg import sql
 
 import actors  # noqa: F401  (declares every service and step)
+import examples.loyalty  # noqa: F401  (a service outside the package, tested like the others)
 from actors.runtime import Runtime
 from actors.services import all_services
 from actors.settings import Settings
