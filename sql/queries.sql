@@ -96,3 +96,25 @@ LIMIT %(limit)s
 
 -- prune_inbox --
 DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s
+
+-- advance_fence --
+-- Record a freshly acquired lock's token as the newest for its key; no row comes back if
+-- an equal or newer token is already recorded (the acquisition is stale before it began).
+INSERT INTO {schema}.fences (lock_key, token)
+VALUES (%(key)s, %(token)s)
+ON CONFLICT (lock_key) DO UPDATE
+    SET token = EXCLUDED.token, raised_at = now()
+    WHERE fences.token < EXCLUDED.token
+RETURNING token
+
+-- read_fence --
+SELECT token FROM {schema}.fences WHERE lock_key = %(key)s
+
+-- check_fence --
+-- The last statement of a guarded transaction. FOR SHARE makes a successor's
+-- advance_fence wait until this transaction has ended, so no newer holder can start
+-- reading between this check and the commit.
+SELECT token FROM {schema}.fences WHERE lock_key = %(key)s FOR SHARE
+
+-- prune_fences --
+DELETE FROM {schema}.fences WHERE raised_at < now() - %(older_than)s::interval
