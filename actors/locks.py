@@ -168,11 +168,8 @@ class RedisLocks:
 
     def record_token(self, dsn: str, schema: str, key: str, token: int) -> int | None:
         """Record ``token`` in ``<schema>.fences``; ``None`` if accepted, else the newer token there."""
-        with self._fence_database(dsn).transaction() as fence_conn:
-            # A guarded transaction between its check and its commit makes this wait:
-            # bounded like any lock wait.
-            fence_conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{self.timeout_ms}ms",))
-            return fences.advance(fence_conn, schema, key, token)
+        with self._fence_database(dsn).connection() as fence_conn:
+            return fences.advance(fence_conn, schema, key, token, lock_timeout_ms=self.timeout_ms)
 
     def _fence_database(self, dsn: str) -> Database:
         with self._mutex:

@@ -29,13 +29,17 @@ from .errors import StaleFencingToken
 from .queries import query
 
 
-def advance(conn: psycopg.Connection[Any], schema: str, key: str, token: int) -> int | None:
+def advance(
+    conn: psycopg.Connection[Any], schema: str, key: str, token: int, *, lock_timeout_ms: int = 5000
+) -> int | None:
     """Record ``token`` as the newest for ``key``; ``None`` if accepted, else the newer token seen.
 
-    Run it in a transaction of its own, committed before the guarded transaction reads.
-    It waits for a guarded transaction that is between its :func:`check` and its commit.
+    Call it on an autocommit connection (it must commit before the guarded transaction
+    reads). It waits, up to ``lock_timeout_ms``, for a guarded transaction that is between
+    its :func:`check` and its commit; past that, psycopg raises ``LockNotAvailable``.
     """
-    row = conn.execute(query("advance_fence", schema), {"key": key, "token": token}).fetchone()
+    params = {"key": key, "token": token, "lock_timeout": f"{lock_timeout_ms}ms"}
+    row = conn.execute(query("advance_fence", schema), params).fetchone()
     if row is not None:
         return None
     newest = conn.execute(query("read_fence", schema), {"key": key}).fetchone()

@@ -100,8 +100,16 @@ DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s
 -- advance_fence --
 -- Record a freshly acquired lock's token as the newest for its key; no row comes back if
 -- an equal or newer token is already recorded (the acquisition is stale before it began).
+-- Run in autocommit: one statement, one round trip. The CTE sets, for this statement's
+-- own transaction, lock_timeout (before the insert can wait on a checked holder's row
+-- lock) and synchronous_commit = off: the row needs no durability of its own, because a
+-- crash aborts every guarded transaction in flight and a guarded commit flushes the WAL
+-- past it anyway; visibility to other sessions is immediate either way.
+WITH settings AS MATERIALIZED (
+    SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+           set_config('synchronous_commit', 'off', true))
 INSERT INTO {schema}.fences (lock_key, token)
-VALUES (%(key)s, %(token)s)
+SELECT %(key)s, %(token)s FROM settings
 ON CONFLICT (lock_key) DO UPDATE
     SET token = EXCLUDED.token, raised_at = now()
     WHERE fences.token < EXCLUDED.token

@@ -240,6 +240,22 @@ def test_a_successor_waits_for_a_checked_transaction_to_commit_before_it_reads(
     assert done == [None]
 
 
+def test_a_successor_stops_waiting_for_the_fence_after_the_lock_timeout(
+    runtime: Runtime, lock_tables: str, conn: psycopg.Connection[Any]
+) -> None:
+    # A holder stopped between its check and its commit must not hang its successor.
+    fences.advance(conn, "pingpong", "order:t", 1)
+    with psycopg.connect(lock_tables) as holder, psycopg.connect(lock_tables, autocommit=True) as successor:
+        fences.check(holder, "pingpong", "order:t", 1)
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            fences.advance(successor, "pingpong", "order:t", 2, lock_timeout_ms=100)
+        # The settings were the statement's own: the session keeps its defaults.
+        assert scalar(successor, "SHOW lock_timeout") == "0"
+        assert scalar(successor, "SHOW synchronous_commit") == "on"
+        holder.commit()
+    assert fences.advance(conn, "pingpong", "order:t", 2) is None
+
+
 def test_tokens_lost_by_redis_heal_through_the_fence(
     runtime: Runtime, lock_tables: str, redis_url: str, conn: psycopg.Connection[Any]
 ) -> None:
