@@ -1,7 +1,7 @@
 """``python -m bench.locks``: what a step's lock costs, per backend, beside the no-lock baseline.
 
-Every operation is a step-shaped transaction on a scratch PostgreSQL database: take the
-lock (inside the transaction), do the work, run the fence check, commit, release. Rows:
+Every operation is a step-shaped transaction on a scratch PostgreSQL database: insert an
+inbox row, take the lock, do the work, run the fence check, commit, release. Rows:
 
 - ``none``: the same transaction without a lock (the baseline; loses updates under contention);
 - ``postgres``: ``pg_advisory_xact_lock`` (ESTAFETA_LOCK_URL=postgres);
@@ -79,13 +79,13 @@ def _backend_hold(backend: PostgresLocks | RedisLocks, dsn: str) -> Hold:
 def _operation(db: Database, hold: Hold, key: str, contended: bool) -> None:
     # As in a step: the lock is taken inside the transaction and released after it ended.
     with contextlib.ExitStack() as after_transaction, db.transaction() as conn:
+        # Like a step: its inbox row first (every step writes, so every commit flushes).
+        conn.execute("INSERT INTO lockbench.inbox (consumer, message_id) VALUES ('bench', gen_random_uuid())")
         held = after_transaction.enter_context(hold(conn, key))
         if contended:
             row = conn.execute("SELECT value FROM lockbench.counters WHERE key = %s", (key,)).fetchone()
             time.sleep(0.0005)
             conn.execute("UPDATE lockbench.counters SET value = %s WHERE key = %s", (row[0] + 1 if row else 1, key))
-        else:
-            conn.execute("SELECT 1")
         held.before_commit(conn)
 
 
