@@ -182,3 +182,42 @@ def test_a_holder_killed_with_sigkill_does_not_keep_the_lock(runtime: Runtime, l
             pass
     finally:
         rt.close()
+
+
+def test_pg_terminate_backend_on_a_holder_frees_the_lock_at_once(
+    runtime: Runtime, lock_tables: str, conn: psycopg.Connection[Any]
+) -> None:
+    rt = lock_runtime(lock_tables, "postgres", lock_timeout_ms=60_000)
+    acquired: list[bool] = []
+
+    def wait_for_the_lock() -> None:
+        with holding(rt, lock_tables, "order:terminated"):
+            acquired.append(True)
+
+    try:
+        with (
+            psycopg.connect(lock_tables) as holder,  # a connection of this test's own
+            rt.locks.hold(holder, "order:terminated", schema="pingpong", dsn=lock_tables),
+        ):
+            waiter = threading.Thread(target=wait_for_the_lock)
+            waiter.start()
+            wait_until(lambda: _advisory_waiters(conn) == 1, what="the second step to wait for the lock")
+            conn.execute("SELECT pg_terminate_backend(%s)", (holder.info.backend_pid,))
+            # Well inside the waiter's 60 s lock_timeout: the lock died with the backend.
+            waiter.join(10)
+            assert acquired == [True]
+            with pytest.raises(psycopg.OperationalError):
+                holder.execute("SELECT 1")
+    finally:
+        rt.close()
+
+
+def _advisory_waiters(conn: psycopg.Connection[Any]) -> int:
+    # This run's database only: other suites share the server.
+    return int(
+        scalar(
+            conn,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+    )
