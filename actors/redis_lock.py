@@ -195,11 +195,9 @@ class Redlock:
         token = max(counters.values(), default=0)
         if len(counters) >= self.quorum:
             counters = self._raise_counters(key, value, token, counters)
-        # Redlock: the lease is only as long as what is left of the TTL after the round,
-        # minus an allowance for the servers' clocks drifting apart.
-        validity = ttl_ms / 1000 - (time.monotonic() - started) - (ttl_ms * CLOCK_DRIFT_FACTOR + 2) / 1000
-        if len(counters) >= self.quorum and validity > 0:
-            return RedisLock(key, value, token, started + validity, self)
+        valid_until = _lease_end(started, ttl_ms)
+        if len(counters) >= self.quorum and valid_until > time.monotonic():
+            return RedisLock(key, value, token, valid_until, self)
         self._release_everywhere(key, value)
         if len(failures) > len(self.nodes) - self.quorum:
             raise LockServerUnavailable(
@@ -242,10 +240,10 @@ class Redlock:
         for node in self.nodes:
             with contextlib.suppress(redis.RedisError):
                 extended += int(node.extend(keys=node.keys(lock.key)[:1], args=[lock.value, ttl_ms]))
-        validity = ttl_ms / 1000 - (time.monotonic() - started) - (ttl_ms * CLOCK_DRIFT_FACTOR + 2) / 1000
-        if extended < self.quorum or validity <= 0:
+        valid_until = _lease_end(started, ttl_ms)
+        if extended < self.quorum or valid_until <= time.monotonic():
             raise LockLost(f"lock {lock.key!r} (token {lock.token}) was lost before it could be extended")
-        lock.valid_until = started + validity
+        lock.valid_until = valid_until
 
     def advance_tokens(self, key: str, at_least: int) -> None:
         """Make the next token of ``key`` larger than ``at_least`` on every reachable server.
@@ -261,6 +259,16 @@ class Redlock:
         """Close every server's connections."""
         for node in self.nodes:
             node.client.close()
+
+
+def _lease_end(started: float, ttl_ms: int) -> float:
+    """When a lease set after ``started`` may have expired somewhere (Redlock's validity).
+
+    Every server set its key after ``started``, so each lives until at least ``started +
+    ttl`` by its own clock; the allowance covers clocks drifting apart (they are separate
+    machines) and the 1 ms resolution of PX.
+    """
+    return started + (ttl_ms - ttl_ms * CLOCK_DRIFT_FACTOR - 2) / 1000
 
 
 _CLIENTS: dict[str, Redlock] = {}
