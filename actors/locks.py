@@ -98,13 +98,14 @@ class PostgresLocks:
 class _FencedLock:
     lease: RedisLock
     schema: str
+    timeout_ms: int
 
     @property
     def token(self) -> int:
         return self.lease.token
 
     def before_commit(self, conn: psycopg.Connection[Any]) -> None:
-        fences.check(conn, self.schema, self.lease.key, self.lease.token)
+        fences.check(conn, self.schema, self.lease.key, self.lease.token, lock_timeout_ms=self.timeout_ms)
 
 
 class RedisLocks:
@@ -143,7 +144,7 @@ class RedisLocks:
     def hold(self, conn: psycopg.Connection[Any], key: str, *, schema: str, dsn: str) -> Iterator[HeldLock]:
         lease = self._acquire_fenced(key, schema, dsn)
         try:
-            yield _FencedLock(lease, schema)
+            yield _FencedLock(lease, schema, self.timeout_ms)
         finally:
             if not lease.release():
                 logger.warning("lock %r (token %d) had expired before its release", key, lease.token)

@@ -46,12 +46,14 @@ def advance(
     return int(newest[0]) if newest else token
 
 
-def check(conn: psycopg.Connection[Any], schema: str, key: str, token: int) -> None:
+def check(conn: psycopg.Connection[Any], schema: str, key: str, token: int, *, lock_timeout_ms: int = 5000) -> None:
     """Raise :class:`StaleFencingToken` unless ``token`` is still the newest for ``key``.
 
-    Make it the last statement of the guarded transaction, just before its commit.
+    Make it the last statement of the guarded transaction, just before its commit. It
+    sets the transaction's ``lock_timeout`` (only the commit follows).
     """
-    row = conn.execute(query("check_fence", schema), {"key": key}).fetchone()
+    params = {"key": key, "lock_timeout": f"{lock_timeout_ms}ms"}
+    row = conn.execute(query("check_fence", schema), params).fetchone()
     newest = int(row[0]) if row else None
     if newest != token:
         seen = f"token {newest} was recorded since" if newest is not None else "its fence row is gone"

@@ -121,8 +121,10 @@ SELECT token FROM {schema}.fences WHERE lock_key = %(key)s
 -- check_fence --
 -- The last statement of a guarded transaction. FOR SHARE makes a successor's
 -- advance_fence wait until this transaction has ended, so no newer holder can start
--- reading between this check and the commit.
-SELECT token FROM {schema}.fences WHERE lock_key = %(key)s FOR SHARE
+-- reading between this check and the commit. The row lock is taken above the join, so
+-- lock_timeout is set before it can wait (it may queue behind a waiting advance).
+WITH settings AS MATERIALIZED (SELECT set_config('lock_timeout', %(lock_timeout)s, true))
+SELECT f.token FROM settings, {schema}.fences AS f WHERE f.lock_key = %(key)s FOR SHARE OF f
 
 -- prune_fences --
 DELETE FROM {schema}.fences WHERE raised_at < now() - %(older_than)s::interval

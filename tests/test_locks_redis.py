@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,18 @@ def test_a_successor_stops_waiting_for_the_fence_after_the_lock_timeout(
         assert scalar(successor, "SHOW synchronous_commit") == "on"
         holder.commit()
     assert fences.advance(conn, "pingpong", "order:t", 2) is None
+
+
+def test_a_check_blocked_by_a_transaction_on_the_fence_row_gives_up_after_the_lock_timeout(
+    runtime: Runtime, lock_tables: str, conn: psycopg.Connection[Any]
+) -> None:
+    # An operator's prune left open (or anything else holding the row) must not hang a step.
+    fences.advance(conn, "pingpong", "order:q", 1)
+    with psycopg.connect(lock_tables) as operator, psycopg.connect(lock_tables) as step:
+        assert fences.prune(operator, "pingpong", timedelta(0)) == 1  # not committed yet
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            fences.check(step, "pingpong", "order:q", 1, lock_timeout_ms=100)
+        operator.rollback()
 
 
 def test_tokens_lost_by_redis_heal_through_the_fence(
