@@ -229,7 +229,9 @@ class Redlock:
             try:
                 released += int(node.release(keys=node.keys(key)[:1], args=[value]))
             except redis.RedisError as exc:
-                logger.warning("lock %r: could not release on %s (expires by itself): %s", key, node.description, exc)
+                # Debug only: with a server down this happens on every failed round, and the
+                # lease there expires by itself.
+                logger.debug("lock %r: could not release on %s (expires by itself): %s", key, node.description, exc)
         return released
 
     def extend(self, lock: RedisLock, ttl: float) -> None:
