@@ -224,7 +224,8 @@ def _run(
             return "duplicate"
         held = None
         if spec.lock is not None:
-            held = after_transaction.enter_context(runtime.locks.hold(conn, spec.lock(command)))
+            lock = runtime.locks.hold(conn, spec.lock(command), schema=spec.service, dsn=database.dsn)
+            held = after_transaction.enter_context(lock)
         saga_id = message.options.get("saga_id")
         ctx = StepContext(
             conn=conn,
@@ -245,9 +246,10 @@ def _run(
         else:
             outcome = "ok"
             _answer(ctx, spec, str(message_id), ok=True, result=result)
-        if held is not None:
-            held.before_commit(conn)
         inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
+        if held is not None:
+            # Last statement before the commit: a fence check locks its row until then.
+            held.before_commit(conn)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
 

@@ -96,3 +96,35 @@ LIMIT %(limit)s
 
 -- prune_inbox --
 DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s::interval
+
+-- advance_fence --
+-- Record a freshly acquired lock's token as the newest for its key; no row comes back if
+-- an equal or newer token is already recorded (the acquisition is stale before it began).
+-- Run in autocommit: one statement, one round trip. The CTE sets, for this statement's
+-- own transaction, lock_timeout (before the insert can wait on a checked holder's row
+-- lock) and synchronous_commit = off: the row needs no durability of its own, because a
+-- crash aborts every guarded transaction in flight and a guarded commit flushes the WAL
+-- past it anyway; visibility to other sessions is immediate either way.
+WITH settings AS MATERIALIZED (
+    SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+           set_config('synchronous_commit', 'off', true))
+INSERT INTO {schema}.fences (lock_key, token)
+SELECT %(key)s, %(token)s FROM settings
+ON CONFLICT (lock_key) DO UPDATE
+    SET token = EXCLUDED.token, raised_at = now()
+    WHERE fences.token < EXCLUDED.token
+RETURNING token
+
+-- read_fence --
+SELECT token FROM {schema}.fences WHERE lock_key = %(key)s
+
+-- check_fence --
+-- The last statement of a guarded transaction. FOR SHARE makes a successor's
+-- advance_fence wait until this transaction has ended, so no newer holder can start
+-- reading between this check and the commit. The row lock is taken above the join, so
+-- lock_timeout is set before it can wait (it may queue behind a waiting advance).
+WITH settings AS MATERIALIZED (SELECT set_config('lock_timeout', %(lock_timeout)s, true))
+SELECT f.token FROM settings, {schema}.fences AS f WHERE f.lock_key = %(key)s FOR SHARE OF f
+
+-- prune_fences --
+DELETE FROM {schema}.fences WHERE raised_at < now() - %(older_than)s::interval

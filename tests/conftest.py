@@ -21,7 +21,7 @@ from actors.settings import Settings
 from actors.step import bind
 from brokers.publish import EnqueuePublisher
 from brokers.relay import Outbox, Relay, RelayConfig
-from tests import steps  # noqa: F401  (test-only steps, bound with the rest)
+from tests import lock_steps, steps  # noqa: F401  (test-only steps, bound with the rest)
 
 from .services import rabbitmq_vhost, redis_namespaced, scratch_database
 
@@ -123,3 +123,17 @@ def running_relay(relay: Relay) -> Iterator[Relay]:
     yield relay
     stop.set()
     thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def lock_tables(database_url: str) -> str:
+    """The run's database with the tables of the charge-like lock test step (tests/lock_steps.py)."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        lock_steps.create_tables(connection)
+    return database_url
+
+
+@pytest.fixture(params=["postgres", "redis"])
+def lock_url(request: pytest.FixtureRequest) -> str:
+    """``ESTAFETA_LOCK_URL`` of each lock backend: tests using it are the backends' contract."""
+    return "postgres" if request.param == "postgres" else str(request.getfixturevalue("redis_url"))

@@ -89,7 +89,12 @@ def test_services_can_live_in_separate_databases() -> None:
 
 def _estafeta(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", "--import", "examples.loyalty", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "cli", "--import", "examples.loyalty", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
