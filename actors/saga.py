@@ -1,0 +1,454 @@
+"""Sagas: an ordered list of steps, each an action command with an optional compensation.
+
+A :class:`Saga` is orchestrated by a step of its own service (``<service>.saga_<name>_reply``):
+every participant answers a saga command with a :class:`actors.step.Reply`, and the
+orchestrator handles each reply in one transaction of its own (inbox, saga row, outbox).
+Everything about a saga is in its row (``<service>.saga_<name>``): the current step, the
+compensation plan, what each step answered, the attempt count and the deadline, so any
+process can resume it after a crash. Every transition is appended to
+``<service>.saga_<name>_log``.
+
+Guarantees:
+
+- a reply moves the saga only if it answers the command the saga waits for now (same
+  step, same version); duplicate, stale and late replies change nothing;
+- a business failure compensates the completed steps, each compensation once, in reverse
+  order; a step that gets no answer past its deadline is re-sent with the same message id
+  (the participant's inbox absorbs the copy) and, once its attempts are spent, is treated
+  as failed — and compensated itself too, since it may have taken effect;
+- a compensation that keeps failing leaves the saga ``failed`` with ``last_error``, for an
+  operator (:meth:`Saga.resume` retries it once the cause is fixed).
+
+Steps marked ``retriable`` come after the point of no return (the seeds' pivot): they are
+never compensated, and failing them fails the saga for an operator instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import psycopg
+from prometheus_client import Counter
+
+from sql import sagas as store
+from sql.errors import EstafetaError
+from sql.sagas import SagaRow, SagaTable
+
+from . import outbox
+from .errors import BusinessFailure
+from .messages import from_json, to_json
+from .registry import REGISTRY, StepSpec
+from .step import REPLY_TO, Reply, StepContext, step
+
+logger = logging.getLogger(__name__)
+
+#: Replies by saga and outcome: ``accepted`` moved a saga, ``stale`` changed nothing.
+REPLIES = Counter("estafeta_saga_replies", "Saga replies by outcome", ["saga", "outcome"])
+#: Transitions by saga and the status entered.
+TRANSITIONS = Counter("estafeta_saga_transitions", "Saga transitions by status entered", ["saga", "status"])
+
+ACTION = "action"
+COMPENSATION = "compensation"
+
+#: Every saga declared in this process, by name.
+SAGAS: dict[str, Saga] = {}
+
+
+class SagaError(EstafetaError):
+    """The saga cannot do what was asked in the state it is in."""
+
+
+class SagaNotFound(SagaError):
+    """No saga has this id."""
+
+
+@attrs.frozen
+class SagaState:
+    """What a step's command factories see: the saga's data and what earlier steps answered."""
+
+    saga_id: uuid.UUID
+    #: The saga's data, an instance of the saga's data class.
+    data: Any
+    #: The results of the completed actions, by step name (``None`` for a step that returned nothing).
+    results: Mapping[str, Any]
+
+
+def _as_timedelta(value: timedelta | float | None) -> timedelta | None:
+    return timedelta(seconds=value) if isinstance(value, int | float) else value
+
+
+@attrs.frozen
+class SagaStep:
+    """One step of a saga: the command that does it and the command that undoes it."""
+
+    name: str
+    #: Builds the action command; ``None`` for a leading step the caller does itself in the
+    #: transaction that starts the saga (placing the order).
+    action: Callable[[SagaState], Any] | None = None
+    #: Builds the compensation command; ``None``: nothing to undo.
+    compensation: Callable[[SagaState], Any] | None = None
+    #: Past the point of no return: never compensated; failing it fails the saga.
+    retriable: bool = False
+    #: Seconds (or a timedelta) to wait for a reply; ``None``: the saga's step timeout.
+    timeout: timedelta | None = attrs.field(default=None, converter=_as_timedelta)
+    #: Sends of one command (the first and the watchdog's re-sends) before giving up on it.
+    max_attempts: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+
+
+class Saga:
+    """A saga kind: its steps, its data class and its table in ``service``'s schema.
+
+    Declaring it declares the orchestrator step ``<service>.saga_<name>_reply``. The table
+    ``<service>.saga_<name>`` (with the key column ``key``) and its ``_log`` come from the
+    service's migrations (see ``sql/migrations/orders/0002_saga_order.sql`` for the shape).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        service: str,
+        data: type,
+        key: str,
+        steps: Sequence[SagaStep],
+        after_compensation: Sequence[SagaStep] = (),
+    ) -> None:
+        self.name = name
+        self.service = service
+        self.data = data
+        self.key = key
+        self.steps = tuple(steps)
+        self.after_compensation = tuple(after_compensation)
+        self._by_name = {s.name: s for s in (*self.steps, *self.after_compensation)}
+        self._check()
+        self.table = SagaTable(service, f"saga_{name}", f"saga_{name}_log", key)
+        if name in SAGAS:
+            raise ValueError(f"a saga named {name!r} is already declared")
+        self.reply_step: StepSpec = step(service, Reply, name=f"saga_{name}_reply")(self.on_reply)
+        SAGAS[name] = self
+
+    def _check(self) -> None:
+        if len(self._by_name) != len(self.steps) + len(self.after_compensation):
+            raise ValueError(f"saga {self.name}: step names must be unique")
+        actions = [s.action is not None for s in self.steps]
+        if True not in actions or False in actions[actions.index(True) :]:
+            raise ValueError(f"saga {self.name}: only leading steps may lack an action, and one must have one")
+        if any(s.retriable and s.compensation for s in self.steps):
+            raise ValueError(
+                f"saga {self.name}: a retriable step is past the point of no return, it has no compensation"
+            )
+        if any(s.action is None for s in self.after_compensation):
+            raise ValueError(f"saga {self.name}: steps after compensation need an action")
+
+    @property
+    def reply_actor(self) -> str:
+        """The orchestrator step's actor name."""
+        return self.reply_step.actor_name
+
+    # -- starting -----------------------------------------------------------------------
+
+    def start(
+        self,
+        conn: psycopg.Connection[Any],
+        data: Any,
+        *,
+        saga_id: uuid.UUID | None = None,
+        step_timeout: timedelta | float = 30.0,
+        traceparent: str | None = None,
+    ) -> uuid.UUID:
+        """Start a saga for ``data`` in the caller's transaction: its row, its log and its first command.
+
+        With a ``saga_id`` that already exists, nothing happens (a retried start).
+        ``step_timeout`` is kept in the row: the wait for steps that declare none.
+        """
+        saga_id = saga_id or uuid.uuid4()
+        first = next(s for s in self.steps if s.action is not None)
+        timeout = _as_timedelta(step_timeout)
+        assert timeout is not None
+        inserted = store.insert(
+            conn,
+            self.table,
+            saga_id=saga_id,
+            key=getattr(data, self.key),
+            step=first.name,
+            payload=to_json(data),
+            step_timeout=timeout,
+            wait=self._wait(first, timeout, 1),
+        )
+        if not inserted:
+            return saga_id
+        row = store.lock(conn, self.table, saga_id)
+        assert row is not None
+        self._log(conn, row, "started", f"waiting for {first.name}")
+        TRANSITIONS.labels(self.name, "running").inc()
+        self._send(conn, row, traceparent=traceparent)
+        return saga_id
+
+    # -- the orchestrator step ------------------------------------------------------------
+
+    def on_reply(self, ctx: StepContext, reply: Reply) -> None:
+        """Handle a participant's reply: move the saga on if it answers the current command."""
+        context = reply.context
+        if context.get("saga") != self.name:
+            raise BusinessFailure(f"a reply for saga kind {context.get('saga')!r} reached {self.reply_actor}")
+        saga_id = uuid.UUID(str(context["saga_id"]))
+        row = store.lock(ctx.conn, self.table, saga_id)
+        if row is None:
+            raise BusinessFailure(f"no {self.name} saga {saga_id}")
+        if not self._answers_current(row, context):
+            REPLIES.labels(self.name, "stale").inc()
+            logger.info(
+                "saga %s: %s reply to %s v%s ignored (now %s %s v%s)",
+                saga_id,
+                context.get("direction"),
+                context.get("step"),
+                context.get("version"),
+                row.status,
+                row.current_step,
+                row.version,
+            )
+            return
+        REPLIES.labels(self.name, "accepted").inc()
+        traceparent = ctx.options.get("traceparent")
+        if context["direction"] == ACTION:
+            if reply.ok:
+                self._action_done(ctx.conn, row, reply.result, traceparent)
+            else:
+                self._step_failed(ctx.conn, row, f"{row.current_step}: {reply.error}", include_current=False)
+        elif reply.ok:
+            self._compensation_done(ctx.conn, row, traceparent)
+        else:
+            self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}")
+
+    def _answers_current(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
+        direction = ACTION if row.status == "running" else COMPENSATION
+        return (
+            row.live
+            and context.get("version") == row.version
+            and context.get("step") == row.current_step
+            and context.get("direction") == direction
+        )
+
+    # -- transitions ----------------------------------------------------------------------
+
+    def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, result: Any, tp: str | None) -> None:
+        results = {**row.results, row.current_step: result}
+        index = self.steps.index(self._by_name[row.current_step])
+        if index + 1 < len(self.steps):
+            following = self.steps[index + 1].name
+            self._move(conn, row, "running", following, "advanced", f"{row.current_step} done", results=results, tp=tp)
+        else:
+            self._move(conn, row, "completed", row.current_step, "completed", None, results=results)
+
+    def _step_failed(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str, *, include_current: bool) -> None:
+        current = self._by_name[row.current_step]
+        if current.retriable:
+            self._give_up(conn, row, reason)
+            return
+        index = self.steps.index(current)
+        done = self.steps[: index + 1] if include_current else self.steps[:index]
+        plan = [s.name for s in reversed(done) if s.compensation] + [s.name for s in self.after_compensation]
+        if not plan:
+            self._move(
+                conn, row, "compensated", row.current_step, "compensated", reason, compensations=[], error=reason
+            )
+            return
+        self._move(conn, row, "compensating", plan[0], "compensating", reason, compensations=plan, error=reason)
+
+    def _compensation_done(self, conn: psycopg.Connection[Any], row: SagaRow, tp: str | None) -> None:
+        plan = row.compensations or []
+        index = plan.index(row.current_step)
+        if index + 1 < len(plan):
+            self._move(conn, row, "compensating", plan[index + 1], "undone", f"{row.current_step} undone", tp=tp)
+        else:
+            self._move(conn, row, "compensated", row.current_step, "compensated", f"{row.current_step} undone")
+
+    def _give_up(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str) -> None:
+        logger.warning("saga %s %s failed: %s", self.name, row.saga_id, reason)
+        self._move(conn, row, "failed", row.current_step, "failed", reason, error=reason)
+
+    def _move(
+        self,
+        conn: psycopg.Connection[Any],
+        row: SagaRow,
+        status: str,
+        step_name: str,
+        event: str,
+        detail: str | None,
+        *,
+        results: dict[str, Any] | None = None,
+        compensations: list[str] | None = None,
+        error: str | None = None,
+        tp: str | None = None,
+    ) -> None:
+        wait = self._wait(self._by_name[step_name], row.step_timeout, 1)
+        version = store.transition(
+            conn,
+            self.table,
+            row,
+            status=status,
+            step=step_name,
+            wait=wait,
+            results=results,
+            compensations=compensations,
+            last_error=error,
+        )
+        moved = attrs.evolve(
+            row,
+            status=status,
+            current_step=step_name,
+            version=version,
+            attempts=1,
+            results=row.results if results is None else results,
+            compensations=row.compensations if compensations is None else compensations,
+        )
+        self._log(conn, moved, event, detail)
+        TRANSITIONS.labels(self.name, status).inc()
+        if moved.live:
+            self._send(conn, moved, traceparent=tp)
+
+    # -- commands -------------------------------------------------------------------------
+
+    def command_for(self, row: SagaRow) -> tuple[SagaStep, Any, str]:
+        """The step, command and direction a live saga waits on."""
+        current = self._by_name[row.current_step]
+        state = SagaState(row.saga_id, from_json(self.data, row.payload), row.results)
+        if row.status == "running":
+            assert current.action is not None
+            return current, current.action(state), ACTION
+        factory = current.action if current in self.after_compensation else current.compensation
+        assert factory is not None
+        return current, factory(state), COMPENSATION
+
+    def target(self, row: SagaRow) -> tuple[StepSpec, uuid.UUID]:
+        """The step that handles the current command, and the command's message id."""
+        _, command, direction = self.command_for(row)
+        (handler,) = REGISTRY.handlers(type(command))
+        return handler, self._message_id(row, direction)
+
+    def _message_id(self, row: SagaRow, direction: str) -> uuid.UUID:
+        # The same for every send of one command (the watchdog's re-sends included), so
+        # the participant's inbox absorbs the copies; a new version gets a new id.
+        return uuid.uuid5(row.saga_id, f"{row.version}:{direction}:{row.current_step}")
+
+    def _send(
+        self, conn: psycopg.Connection[Any], row: SagaRow, *, resend: bool = False, traceparent: str | None = None
+    ) -> None:
+        current, command, direction = self.command_for(row)
+        message_id = self._message_id(row, direction)
+        if resend and store.requeue_command(conn, self.service, message_id):
+            return  # the first copy never left the outbox: it is back in line
+        key = str(row.key)
+        context = {
+            "saga": self.name,
+            "saga_id": str(row.saga_id),
+            "step": current.name,
+            "version": row.version,
+            "direction": direction,
+        }
+        reply_to = {"actor": self.reply_actor, "queue": self.service, "context": context, "ordering_key": key}
+        outbox.send(
+            conn,
+            command,
+            service=self.service,
+            message_id=message_id,
+            ordering_key=key,
+            saga_id=row.saga_id,
+            options={REPLY_TO: reply_to},
+            traceparent=traceparent,
+        )
+
+    # -- deadlines and operators ----------------------------------------------------------
+
+    def on_deadline(self, conn: psycopg.Connection[Any], row: SagaRow, parked: str | None) -> str:
+        """Handle a live saga past its deadline (locked by the caller); return what was done.
+
+        ``parked`` is the participant's dead-letter reason for the current command, if it
+        parked it: re-sending that id would be absorbed, so the step counts as failed now.
+        """
+        current = self._by_name[row.current_step]
+        if parked is None and row.attempts < current.max_attempts:
+            wait = self._wait(current, row.step_timeout, row.attempts + 1)
+            attempts = store.record_resend(conn, self.table, row, wait=wait)
+            self._log(conn, row, "resent", f"no reply by the deadline: attempt {attempts} of {current.max_attempts}")
+            self._send(conn, row, resend=True)
+            return "resent"
+        handler, _ = self.target(row)
+        why = f"parked by {handler.actor_name}: {parked}" if parked else f"no reply after {row.attempts} attempt(s)"
+        if row.status == "running":
+            self._step_failed(conn, row, f"{row.current_step}: {why}", include_current=True)
+            return "compensating" if not current.retriable else "failed"
+        self._give_up(conn, row, f"compensation {row.current_step}: {why}")
+        return "failed"
+
+    def resume(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> str:
+        """Re-send a live saga's current command now, or retry the step a failed saga stopped at.
+
+        A failed saga's step is retried as a new command (a new message id), so a command
+        its participant parked runs again; participants are idempotent by business key.
+        """
+        row = self._locked(conn, saga_id)
+        if row.live:
+            store.record_resend(conn, self.table, row, wait=self._wait_for(row), counted=False)
+            self._log(conn, row, "resent", "re-sent on request")
+            self._send(conn, row, resend=True)
+            return "resent"
+        if row.status != "failed":
+            raise SagaError(f"saga {saga_id} is {row.status}: nothing to resume")
+        status = "compensating" if row.compensations is not None else "running"
+        self._move(conn, row, status, row.current_step, "resumed", f"retrying {row.current_step} on request")
+        return "retrying"
+
+    def abort(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID, reason: str) -> None:
+        """Compensate a running saga (or one that failed before compensating), current step included."""
+        row = self._locked(conn, saga_id)
+        if row.status not in ("running", "failed") or row.compensations is not None:
+            raise SagaError(f"saga {saga_id} is {row.status}: nothing to abort")
+        if self._by_name[row.current_step].retriable:
+            raise SagaError(
+                f"saga {saga_id} is past its point of no return ({row.current_step} is not compensated);"
+                " resume it instead"
+            )
+        self._step_failed(conn, row, f"aborted: {reason}", include_current=True)
+
+    def _locked(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> SagaRow:
+        row = store.lock(conn, self.table, saga_id)
+        if row is None:
+            raise SagaNotFound(f"no {self.name} saga {saga_id}")
+        return row
+
+    def _wait_for(self, row: SagaRow) -> timedelta:
+        return self._wait(self._by_name[row.current_step], row.step_timeout, row.attempts)
+
+    @staticmethod
+    def _wait(current: SagaStep, default: timedelta, attempts: int) -> timedelta:
+        # Each re-send waits longer: a slow participant gets more time, not more copies.
+        return (current.timeout or default) * attempts
+
+    def _log(self, conn: psycopg.Connection[Any], row: SagaRow, event: str, detail: str | None) -> None:
+        store.log(
+            conn,
+            self.table,
+            saga_id=row.saga_id,
+            version=row.version,
+            status=row.status,
+            step=row.current_step,
+            event=event,
+            detail=detail,
+        )
+
+
+def get_saga(name: str | None = None) -> Saga:
+    """The saga kind ``name`` (or the only one declared)."""
+    if name is None and len(SAGAS) == 1:
+        return next(iter(SAGAS.values()))
+    try:
+        return SAGAS[name or ""]
+    except KeyError:
+        known = ", ".join(sorted(SAGAS)) or "none"
+        raise SagaNotFound(f"no saga kind {name!r} (declared: {known})") from None
