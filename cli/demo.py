@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 import dramatiq
+from dramatiq.brokers.stub import StubBroker
 
 from brokers.publish import Publisher, PublishOutcome
 from sql.outbox import OutboxRow
@@ -77,6 +78,17 @@ class Harness:
     publisher: DuplicatingPublisher | None = None
     #: Worker log files to count absorbed duplicates in (workers in other processes).
     worker_logs: list[Path] = attrs.field(factory=list)
+    #: The broker whose queues to wait on before counting (in-process workers only).
+    broker: StubBroker | None = None
+
+    def settle(self) -> None:
+        """Wait for the last duplicate copies to reach the inboxes (they arrive after their sagas ended)."""
+        if self.broker is None:
+            time.sleep(1.0)
+            return
+        for queue in self.broker.get_declared_queues():
+            with contextlib.suppress(dramatiq.errors.QueueJoinTimeout):
+                self.broker.join(queue, timeout=10_000, fail_fast=False)
 
 
 @contextlib.contextmanager
@@ -97,13 +109,13 @@ def _relaying(runtime: Runtime, broker: dramatiq.Broker, every: int) -> Iterator
 
 
 @contextlib.contextmanager
-def _stub_harness(runtime: Runtime, broker: dramatiq.Broker, every: int) -> Iterator[Harness]:
+def _stub_harness(runtime: Runtime, broker: StubBroker, every: int) -> Iterator[Harness]:
     # The worker boots the saga watchdog too (actors adds it to every broker's middleware).
     worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
     worker.start()
     try:
         with _relaying(runtime, broker, every) as publisher:
-            yield Harness("a worker, the relay and the saga watchdog in this process", publisher)
+            yield Harness("a worker, the relay and the saga watchdog in this process", publisher, broker=broker)
     finally:
         worker.stop()
 
@@ -128,7 +140,7 @@ def _process_harness(runtime: Runtime, broker: dramatiq.Broker, every: int, proc
 
 
 def _harness(runtime: Runtime, broker: dramatiq.Broker, every: int, processes: int, external: bool) -> Any:
-    if runtime.settings.broker_url.startswith("stub:"):
+    if isinstance(broker, StubBroker):
         return _stub_harness(runtime, broker, every)
     if external:
         return contextlib.nullcontext(Harness("the `dramatiq actors` workers and `estafeta relay` already running"))
@@ -231,7 +243,7 @@ def demo_command(
         before = _duplicates_counted()
         saga_ids = _place(runtime, plan)
         ended = _wait(runtime, saga_ids, timeout, as_json)
-        time.sleep(0.5)  # let the last duplicate copies reach the inboxes
+        harness.settle()
         absorbed = _absorbed(before, harness)
     summary = _summary(runtime, plan, saga_ids, harness, absorbed)
     click.echo(json.dumps(summary) if as_json else _report(summary))
