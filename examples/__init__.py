@@ -1,0 +1,1 @@
+"""Small runnable programs built on estafeta."""
