@@ -13,14 +13,22 @@ Guarantees:
 - a reply moves the saga only if it answers the command the saga waits for now (same
   step, same version); duplicate, stale and late replies change nothing;
 - a business failure compensates the completed steps, each compensation once, in reverse
-  order; a step that gets no answer past its deadline is re-sent with the same message id
-  (the participant's inbox absorbs the copy) and, once its attempts are spent, is treated
-  as failed — and compensated itself too, since it may have taken effect;
+  order; a step that gets no answer past its deadline is sent again and, once its attempts
+  are spent, is treated as failed — and compensated itself too, since it may have taken
+  effect;
 - a compensation that keeps failing leaves the saga ``failed`` with ``last_error``, for an
   operator (:meth:`Saga.resume` retries it once the cause is fixed).
 
 Steps marked ``retriable`` come after the point of no return (the seeds' pivot): they are
 never compensated, and failing them fails the saga for an operator instead.
+
+Message ids are derived from the saga id, version, step, direction and attempt: the same
+send always has the same id (the participant's inbox absorbs relay re-publishes and broker
+redeliveries of it), while each re-send is a new message that gets a new answer even when
+the answer to the previous one is stuck (a Redis worker killed with it prefetched keeps it
+for a minute or more). Participants must therefore be idempotent by business key (one
+payment per order), as the seeds require of every saga step; the late answer to an
+earlier attempt is then just a stale reply.
 """
 
 from __future__ import annotations
@@ -326,23 +334,27 @@ class Saga:
         return current, factory(state), COMPENSATION
 
     def target(self, row: SagaRow) -> tuple[StepSpec, uuid.UUID]:
-        """The step that handles the current command, and the command's message id."""
+        """The step that handles the current command, and the message id of its latest send."""
         _, command, direction = self.command_for(row)
         (handler,) = REGISTRY.handlers(type(command))
         return handler, self._message_id(row, direction)
 
-    def _message_id(self, row: SagaRow, direction: str) -> uuid.UUID:
-        # The same for every send of one command (the watchdog's re-sends included), so
-        # the participant's inbox absorbs the copies; a new version gets a new id.
-        return uuid.uuid5(row.saga_id, f"{row.version}:{direction}:{row.current_step}")
+    @staticmethod
+    def _message_id(row: SagaRow, direction: str) -> uuid.UUID:
+        return uuid.uuid5(row.saga_id, f"{row.version}:{direction}:{row.current_step}:{row.attempts}")
 
     def _send(
-        self, conn: psycopg.Connection[Any], row: SagaRow, *, resend: bool = False, traceparent: str | None = None
+        self,
+        conn: psycopg.Connection[Any],
+        row: SagaRow,
+        *,
+        previous: uuid.UUID | None = None,
+        traceparent: str | None = None,
     ) -> None:
         current, command, direction = self.command_for(row)
+        if previous is not None and store.requeue_command(conn, self.service, previous):
+            return  # the previous send never left the outbox: it is back in line instead
         message_id = self._message_id(row, direction)
-        if resend and store.requeue_command(conn, self.service, message_id):
-            return  # the first copy never left the outbox: it is back in line
         key = str(row.key)
         context = {
             "saga": self.name,
@@ -368,18 +380,21 @@ class Saga:
     def on_deadline(self, conn: psycopg.Connection[Any], row: SagaRow, parked: str | None) -> str:
         """Handle a live saga past its deadline (locked by the caller); return what was done.
 
-        ``parked`` is the participant's dead-letter reason for the current command, if it
-        parked it: re-sending that id would be absorbed, so the step counts as failed now.
+        ``parked`` is the participant's dead-letter reason for the latest send, if it parked
+        it: it goes into ``last_error`` when the step's attempts are spent.
         """
         current = self._by_name[row.current_step]
-        if parked is None and row.attempts < current.max_attempts:
+        _, _, direction = self.command_for(row)
+        if row.attempts < current.max_attempts:
             wait = self._wait(current, row.step_timeout, row.attempts + 1)
             attempts = store.record_resend(conn, self.table, row, wait=wait)
-            self._log(conn, row, "resent", f"no reply by the deadline: attempt {attempts} of {current.max_attempts}")
-            self._send(conn, row, resend=True)
+            resent = attrs.evolve(row, attempts=attempts)
+            self._log(conn, resent, "resent", f"no reply by the deadline: attempt {attempts} of {current.max_attempts}")
+            self._send(conn, resent, previous=self._message_id(row, direction))
             return "resent"
-        handler, _ = self.target(row)
-        why = f"parked by {handler.actor_name}: {parked}" if parked else f"no reply after {row.attempts} attempt(s)"
+        why = f"no reply after {row.attempts} attempt(s)"
+        if parked:
+            why += f"; the last was parked: {parked}"
         if row.status == "running":
             self._step_failed(conn, row, f"{row.current_step}: {why}", include_current=True)
             return "compensating" if not current.retriable else "failed"
@@ -387,16 +402,14 @@ class Saga:
         return "failed"
 
     def resume(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> str:
-        """Re-send a live saga's current command now, or retry the step a failed saga stopped at.
+        """Send a live saga's current command again now, or retry the step a failed saga stopped at.
 
-        A failed saga's step is retried as a new command (a new message id), so a command
-        its participant parked runs again; participants are idempotent by business key.
+        Either way the step starts over under a new version, with a full set of attempts:
+        answers to earlier sends become stale.
         """
         row = self._locked(conn, saga_id)
         if row.live:
-            store.record_resend(conn, self.table, row, wait=self._wait_for(row), counted=False)
-            self._log(conn, row, "resent", "re-sent on request")
-            self._send(conn, row, resend=True)
+            self._move(conn, row, row.status, row.current_step, "resumed", f"{row.current_step} sent again on request")
             return "resent"
         if row.status != "failed":
             raise SagaError(f"saga {saga_id} is {row.status}: nothing to resume")
@@ -421,9 +434,6 @@ class Saga:
         if row is None:
             raise SagaNotFound(f"no {self.name} saga {saga_id}")
         return row
-
-    def _wait_for(self, row: SagaRow) -> timedelta:
-        return self._wait(self._by_name[row.current_step], row.step_timeout, row.attempts)
 
     @staticmethod
     def _wait(current: SagaStep, default: timedelta, attempts: int) -> timedelta:

@@ -2,8 +2,8 @@
 
 Deadlines live in the saga rows (not in Dramatiq delays, which RabbitMQ's consumer
 timeout and a Redis restart can break), so any process can act on them: the watchdog
-re-sends the command a saga waits for (same message id: the participant's inbox absorbs
-the copy if the first one arrived), and once the step's attempts are spent it fails the
+sends the command a saga waits for again (a new attempt, answered again by a participant
+that is idempotent by business key), and once the step's attempts are spent it fails the
 step — compensating — or fails the saga for an operator.
 
 It runs inside every ``dramatiq actors`` worker process (:class:`WatchdogMiddleware`),

@@ -207,11 +207,9 @@ def transition(
     return int(found[0])
 
 
-def record_resend(
-    conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, *, wait: timedelta, counted: bool = True
-) -> int:
-    """Push the deadline to ``now() + wait`` and (if ``counted``) count one more send; return the count."""
-    params = {"saga_id": row.saga_id, "version": row.version, "wait": wait, "counted": 1 if counted else 0}
+def record_resend(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, *, wait: timedelta) -> int:
+    """Count one more send of the current command and push the deadline to ``now() + wait``; return the count."""
+    params = {"saga_id": row.saga_id, "version": row.version, "wait": wait}
     found = conn.execute(query("record_resend", table), params).fetchone()
     if found is None:
         raise RuntimeError(f"saga {row.saga_id} changed under its lock (version {row.version})")

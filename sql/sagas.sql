@@ -69,7 +69,7 @@ RETURNING version
 
 -- record_resend --
 UPDATE {schema}.{table}
-SET attempts = attempts + %(counted)s,
+SET attempts = attempts + 1,
     deadline_at = now() + %(wait)s::interval,
     updated_at = now()
 WHERE saga_id = %(saga_id)s AND version = %(version)s

@@ -111,13 +111,14 @@ def test_sagas_can_be_listed_shown_resumed_watched_and_aborted(env: dict[str, st
     assert (listed["saga_id"], listed["status"]) == (saga_id, "running")
 
     assert "1 saga(s) moved on" in ok(env, "sagas", "resume")
-    assert scalar(conn, "SELECT count(*) FROM orders.outbox") == 1  # the command was still there: back in line
+    assert scalar(conn, "SELECT count(*) FROM orders.outbox") == 2  # the first send, and the resumed one
     assert ok(env, "sagas", "watch", "--once").strip() == "resent 1"
+    assert scalar(conn, "SELECT count(*) FROM orders.outbox") == 2  # the last send never left: back in line
 
     assert ok(env, "sagas", "abort", saga_id, "--reason", "customer called").strip() == f"saga {saga_id}: compensating"
     shown = json.loads(ok(env, "sagas", "show", saga_id, "--json"))
     assert (shown["status"], shown["last_error"]) == ("compensating", "aborted: customer called")
-    assert [e["event"] for e in shown["timeline"]] == ["started", "resent", "resent", "compensating"]
+    assert [e["event"] for e in shown["timeline"]] == ["started", "resumed", "resent", "compensating"]
     text = ok(env, "sagas", "show", saga_id)
     assert "compensating at charge_payment" in text and "last error: aborted: customer called" in text
 

@@ -261,9 +261,7 @@ def test_a_late_charge_after_the_saga_gave_up_is_undone_or_refused(
 # -- deadlines --------------------------------------------------------------------------
 
 
-def test_the_watchdog_resends_a_lost_command_with_the_same_message_id(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
-) -> None:
+def test_the_watchdog_sends_a_lost_command_again(runtime: Runtime, conn, courier: Courier, watchdog: Watchdog) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
     lost = courier.take(CHARGE)
@@ -271,7 +269,9 @@ def test_the_watchdog_resends_a_lost_command_with_the_same_message_id(
     overdue(0.05)
     assert watchdog.check_once() == {"resent": 1}
     (again,) = courier.pending(CHARGE)
-    assert again.message_id == lost.message_id
+    # The same command and the same question (step, version), as a new message: a new attempt.
+    assert again.message_id != lost.message_id
+    assert again.message["args"] == lost.message["args"]
     assert again.message["options"]["reply_to"] == lost.message["options"]["reply_to"]
     courier.run()
     row = saga(conn, placed.saga_id)
@@ -279,21 +279,39 @@ def test_the_watchdog_resends_a_lost_command_with_the_same_message_id(
     assert ("resent", "running", "charge_payment") in events(conn, placed.saga_id)
 
 
-def test_a_resent_command_that_already_took_effect_is_absorbed(
+def test_each_send_keeps_its_message_id_so_copies_of_it_are_absorbed(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    (first,) = courier.pending(CHARGE)
+    with runtime.database("orders").transaction() as tx:
+        row = saga(tx, placed.saga_id)
+        assert ORDER_SAGA.target(row)[1] == first.message_id  # derived, not random: a retried write repeats it
+    assert courier.deliver(first) == "ok"
+    assert courier.deliver(first) == "duplicate"  # a relay re-publish or a broker redelivery
+    assert balance(conn) == 7_000
+
+
+def test_a_command_sent_again_after_it_took_effect_is_answered_again_without_taking_effect_twice(
     runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
     assert courier.deliver(courier.take(CHARGE)) == "ok"
-    answer = courier.take(REPLY)  # the answer is slow
+    stuck = courier.take(REPLY)  # the answer is stuck (a killed Redis worker had it prefetched)
     overdue(0.05)
     assert watchdog.check_once() == {"resent": 1}
-    assert courier.deliver(courier.take(CHARGE)) == "duplicate"
-    assert not courier.pending(REPLY)  # a duplicate answers nothing
-    assert courier.deliver(answer) == "ok"
+    assert courier.deliver(courier.take(CHARGE)) == "ok"  # found the payment: charged nothing more
+    assert courier.deliver(courier.take(REPLY)) == "ok"  # the second answer moves the saga on
+    assert saga(conn, placed.saga_id).current_step == "reserve_inventory"
+    before = snapshot(conn, placed.saga_id)
+    assert courier.deliver(stuck) == "ok"  # the first answer, late: stale now
+    assert snapshot(conn, placed.saga_id) == before
     courier.run()
     assert saga(conn, placed.saga_id).status == "completed"
     assert balance(conn) == 7_000
+    assert scalar(conn, "SELECT count(*) FROM payments.payments") == 1
 
 
 def test_a_resent_command_still_in_the_outbox_is_put_back_in_line(
@@ -379,16 +397,24 @@ def test_abort_refuses_a_saga_past_its_point_of_no_return(runtime: Runtime, conn
         ORDER_SAGA.abort(tx, placed.saga_id, "too late")
 
 
-def test_resume_resends_a_live_saga_now_without_spending_an_attempt(runtime: Runtime, conn, courier: Courier) -> None:
+def test_resume_sends_a_live_sagas_command_again_now_under_a_new_version(
+    runtime: Runtime, conn, courier: Courier
+) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000)
-    lost = courier.take(CHARGE)
+    slow = courier.take(CHARGE)
     with runtime.database("orders").transaction() as tx:
         assert ORDER_SAGA.resume(tx, placed.saga_id) == "resent"
-    assert [r.message_id for r in courier.pending(CHARGE)] == [lost.message_id]
-    assert saga(conn, placed.saga_id).attempts == 1
+    row = saga(conn, placed.saga_id)
+    assert (row.version, row.attempts, row.current_step) == (2, 1, "charge_payment")
+    (again,) = courier.pending(CHARGE)
+    assert again.message_id != slow.message_id
     courier.run()
     assert saga(conn, placed.saga_id).status == "completed"
+    assert courier.deliver(slow) == "ok"  # the slow first send: charged nothing more, its answer stale
+    courier.run()
+    assert saga(conn, placed.saga_id).version == 6
+    assert balance(conn) == 7_000
 
 
 def test_resume_refuses_an_ended_saga(runtime: Runtime, conn, courier: Courier) -> None:

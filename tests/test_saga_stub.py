@@ -94,7 +94,7 @@ def test_a_compensation_that_keeps_failing_fails_the_saga_until_an_operator_resu
     runtime: Runtime, conn, stub_broker: StubBroker, stub_worker, later_relay: threading.Event
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 1})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.2)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.3)
     # Drive the saga by hand up to the refund (the stock was short), then lose the account:
     # the refund has nowhere to put the money back.
     Courier(runtime, conn).run(hold=frozenset({"payments.refund_payment"}))
@@ -111,10 +111,10 @@ def test_a_compensation_that_keeps_failing_fails_the_saga_until_an_operator_resu
     row = saga(conn, placed.saga_id)
     assert row.current_step == "charge_payment"
     assert row.last_error is not None
-    assert "compensation charge_payment: parked by payments.refund_payment" in row.last_error
-    assert "AccountGone: cannot refund 3000 cents" in row.last_error
-    reason = scalar(conn, "SELECT reason FROM payments.dead_letters")
-    assert "failed 4 times" in reason  # the first delivery and Dramatiq's three retries
+    assert row.last_error.startswith("compensation charge_payment: no reply after 3 attempt(s); the last was parked:")
+    # Each attempt: the first delivery and Dramatiq's three retries, then the step parked it.
+    assert "payments.refund_payment: failed 4 times, last: AccountGone: cannot refund 3000 cents" in row.last_error
+    assert scalar(conn, "SELECT count(*) FROM payments.dead_letters") == 3
     # Nothing after the failed compensation ran: the order is neither cancelled nor notified.
     assert scalar(conn, "SELECT status FROM orders.orders") == "pending"
     assert scalar(conn, "SELECT count(*) FROM notifications.sent") == 0
