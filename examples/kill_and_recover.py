@@ -47,6 +47,8 @@ class Plan:
     step_timeout: float = 20.0
     #: Seconds to wait for every saga to end.
     timeout: float = 900.0
+    #: Kill and restart the processes mid-way (``False``: a plain run, the baseline).
+    kill: bool = True
 
     def balance(self) -> int:
         """Each customer can pay for about four orders in five."""
@@ -190,13 +192,18 @@ class KillAndRecover:
         place += [a for i in range(1, plan.customers + 1) for a in ("--customer", f"{prefix}c{i}")]
         place += [a for i in range(1, plan.skus + 1) for a in ("--sku", f"{prefix}sku{i}")]
         self.estafeta(*place)
+        if plan.kill:
+            self._kill_twice()
+        self.wait_for("every saga", lambda: self.ended() >= plan.orders, plan.timeout)
+
+    def _kill_twice(self) -> None:
+        plan = self.plan
         self.wait_for("a quarter of the sagas", lambda: self.ended() >= plan.orders // 4, plan.timeout)
         self.kill("a quarter of the sagas ended", relay=True)
         # The restarted workers must make progress first: then kill them while sagas compensate.
         self.wait_for("half the sagas, some compensating", self._half_and_compensating, plan.timeout)
         if self.ended() < plan.orders:
             self.kill("half the sagas ended, some compensating", relay=False)
-        self.wait_for("every saga", lambda: self.ended() >= plan.orders, plan.timeout)
 
     def report(self, seconds: float) -> dict[str, Any]:
         """Final counts and the reconciliation of money and stock."""
@@ -233,13 +240,16 @@ class KillAndRecover:
 @click.option("--orders", type=click.IntRange(min=8), default=1000, show_default=True)
 @click.option("--processes", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--step-timeout", type=click.FloatRange(min=0.1), default=20.0, show_default=True)
+@click.option("--no-kill", is_flag=True, help="Kill nothing: the baseline run.")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".estafeta/kill-logs"))
-def main(database_url: str, broker_url: str, orders: int, processes: int, step_timeout: float, log_dir: Path) -> None:
+def main(
+    database_url: str, broker_url: str, orders: int, processes: int, step_timeout: float, no_kill: bool, log_dir: Path
+) -> None:
     """Place ORDERS orders, kill workers and relay mid-way, and check that every order is accounted for."""
     import json
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    plan = Plan(orders=orders, processes=processes, step_timeout=step_timeout)
+    plan = Plan(orders=orders, processes=processes, step_timeout=step_timeout, kill=not no_kill)
     report = KillAndRecover(database_url, broker_url, plan, log_dir).run()
     click.echo(json.dumps(report, indent=2, default=str))
     if not report["reconciled"] or report["sagas"].get("failed"):
