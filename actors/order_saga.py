@@ -9,6 +9,7 @@ no return: from there on the steps are retried, never compensated.
 
 from __future__ import annotations
 
+import collections
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -176,28 +177,37 @@ def reconcile(
     with runtime.database("inventory").connection() as conn:
         units = conn.execute(_UNITS, {"s": list(stock)}).fetchone()
         reserved = {r[0]: r[1] for r in conn.execute(_RESERVED, (ids,)).fetchall()}
-    mismatches = []
-    for order_id in ids:
-        status, amount, quantity = placed.get(order_id, (None, None, None))
-        expected = {
-            "completed": ("confirmed", amount, quantity),
-            "compensated": ("cancelled", None, None),
-        }.get(outcome.get(order_id, "missing"))
-        found = (status, charged.get(order_id), reserved.get(order_id))
-        if expected != found:
-            mismatches.append(f"order {order_id}: saga {outcome.get(order_id, 'missing')}, found {found}")
-    counts: dict[str, int] = {}
-    for status in outcome.values():
-        counts[status] = counts.get(status, 0) + 1
+    mismatches = _mismatches(ids, placed, outcome, charged, reserved)
+    counts = collections.Counter(outcome.values())
     assert money is not None and units is not None
     return Reconciliation(
         money_before=sum(balances.values()),
         money_now=int(money[0]),
         stock_before=sum(stock.values()),
         stock_now=int(units[0]),
-        sagas=counts,
+        sagas=dict(counts),
         mismatches=mismatches,
     )
+
+
+def _mismatches(
+    ids: list[uuid.UUID],
+    placed: Mapping[uuid.UUID, Any],
+    outcome: Mapping[uuid.UUID, str],
+    charged: Mapping[uuid.UUID, int],
+    reserved: Mapping[uuid.UUID, int],
+) -> list[str]:
+    # Completed: confirmed, charged its amount, its quantity reserved. Compensated:
+    # cancelled, nothing charged, nothing reserved. Anything else is a mismatch.
+    found = []
+    for order_id in ids:
+        status, amount, quantity = placed.get(order_id, (None, None, None))
+        saga = outcome.get(order_id, "missing")
+        expected = {"completed": ("confirmed", amount, quantity), "compensated": ("cancelled", None, None)}.get(saga)
+        actual = (status, charged.get(order_id), reserved.get(order_id))
+        if expected != actual:
+            found.append(f"order {order_id}: saga {saga}, found {actual}")
+    return found
 
 
 _ORDERS = "SELECT order_id, status, amount_cents, quantity FROM orders.orders WHERE order_id = ANY(%s)"

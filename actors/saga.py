@@ -35,22 +35,25 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-import attrs
 import psycopg
 from prometheus_client import Counter
 
 from sql import sagas as store
-from sql.errors import EstafetaError
 from sql.sagas import SagaRow, SagaTable
 
 from . import outbox
 from .errors import BusinessFailure
 from .messages import from_json, to_json
 from .registry import REGISTRY, StepSpec
+from .saga_steps import ACTION, COMPENSATION, as_timedelta
+from .saga_steps import SagaError as SagaError  # re-exported: the saga's public names live here
+from .saga_steps import SagaNotFound as SagaNotFound
+from .saga_steps import SagaState as SagaState
+from .saga_steps import SagaStep as SagaStep
 from .step import REPLY_TO, Reply, StepContext, step
 
 logger = logging.getLogger(__name__)
@@ -60,52 +63,8 @@ REPLIES = Counter("estafeta_saga_replies", "Saga replies by outcome", ["saga", "
 #: Transitions by saga and the status entered.
 TRANSITIONS = Counter("estafeta_saga_transitions", "Saga transitions by status entered", ["saga", "status"])
 
-ACTION = "action"
-COMPENSATION = "compensation"
-
 #: Every saga declared in this process, by name.
 SAGAS: dict[str, Saga] = {}
-
-
-class SagaError(EstafetaError):
-    """The saga cannot do what was asked in the state it is in."""
-
-
-class SagaNotFound(SagaError):
-    """No saga has this id."""
-
-
-@attrs.frozen
-class SagaState:
-    """What a step's command factories see: the saga's data and what earlier steps answered."""
-
-    saga_id: uuid.UUID
-    #: The saga's data, an instance of the saga's data class.
-    data: Any
-    #: The results of the completed actions, by step name (``None`` for a step that returned nothing).
-    results: Mapping[str, Any]
-
-
-def _as_timedelta(value: timedelta | float | None) -> timedelta | None:
-    return timedelta(seconds=value) if isinstance(value, int | float) else value
-
-
-@attrs.frozen
-class SagaStep:
-    """One step of a saga: the command that does it and the command that undoes it."""
-
-    name: str
-    #: Builds the action command; ``None`` for a leading step the caller does itself in the
-    #: transaction that starts the saga (placing the order).
-    action: Callable[[SagaState], Any] | None = None
-    #: Builds the compensation command; ``None``: nothing to undo.
-    compensation: Callable[[SagaState], Any] | None = None
-    #: Past the point of no return: never compensated; failing it fails the saga.
-    retriable: bool = False
-    #: Seconds (or a timedelta) to wait for a reply; ``None``: the saga's step timeout.
-    timeout: timedelta | None = attrs.field(default=None, converter=_as_timedelta)
-    #: Sends of one command (the first and the watchdog's re-sends) before giving up on it.
-    max_attempts: int = attrs.field(default=3, validator=attrs.validators.ge(1))
 
 
 class Saga:
@@ -176,7 +135,7 @@ class Saga:
         """
         saga_id = saga_id or uuid.uuid4()
         first = next(s for s in self.steps if s.action is not None)
-        timeout = _as_timedelta(step_timeout)
+        timeout = as_timedelta(step_timeout)
         assert timeout is not None
         inserted = store.insert(
             conn,
@@ -294,26 +253,16 @@ class Saga:
         error: str | None = None,
         tp: str | None = None,
     ) -> None:
-        wait = self._wait(self._by_name[step_name], row.step_timeout, 1)
-        version = store.transition(
+        moved = store.transition(
             conn,
             self.table,
             row,
             status=status,
             step=step_name,
-            wait=wait,
+            wait=self._wait(self._by_name[step_name], row.step_timeout, 1),
             results=results,
             compensations=compensations,
             last_error=error,
-        )
-        moved = attrs.evolve(
-            row,
-            status=status,
-            current_step=step_name,
-            version=version,
-            attempts=1,
-            results=row.results if results is None else results,
-            compensations=row.compensations if compensations is None else compensations,
         )
         self._log(conn, moved, event, detail)
         TRANSITIONS.labels(self.name, status).inc()
@@ -387,9 +336,9 @@ class Saga:
         _, _, direction = self.command_for(row)
         if row.attempts < current.max_attempts:
             wait = self._wait(current, row.step_timeout, row.attempts + 1)
-            attempts = store.record_resend(conn, self.table, row, wait=wait)
-            resent = attrs.evolve(row, attempts=attempts)
-            self._log(conn, resent, "resent", f"no reply by the deadline: attempt {attempts} of {current.max_attempts}")
+            resent = store.record_resend(conn, self.table, row, wait=wait)
+            detail = f"no reply by the deadline: attempt {resent.attempts} of {current.max_attempts}"
+            self._log(conn, resent, "resent", detail)
             self._send(conn, resent, previous=self._message_id(row, direction))
             return "resent"
         why = f"no reply after {row.attempts} attempt(s)"

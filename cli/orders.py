@@ -11,6 +11,7 @@ import attrs
 import click
 
 if TYPE_CHECKING:
+    from actors.order_saga import PlacedOrder
     from actors.runtime import Runtime
 
 #: Orders placed per transaction by ``--count`` (each order's rows still commit together).
@@ -54,37 +55,41 @@ def place_command(
     them: try `estafeta demo`).
     """
     from actors import runtime
-    from actors.order_saga import IdempotencyConflict, place_order
+    from actors.order_saga import IdempotencyConflict
 
     _ready(runtime)
     keys = [None] * count if key is None else ([key] if count == 1 else [f"{key}-{i}" for i in range(1, count + 1)])
     who = list(zip(itertools.cycle(customers), itertools.cycle(skus), keys, strict=False))
-    placed = []
     try:
-        for batch in (who[i : i + BATCH] for i in range(0, len(who), BATCH)):
-            with runtime.database("orders").transaction() as conn:
-                for customer, sku, order_key in batch:
-                    result = place_order(
+        placed = _place(runtime, who, quantity, amount)
+    except IdempotencyConflict as exc:
+        raise click.BadParameter(str(exc), param_hint="--idempotency-key") from None
+    if as_json:
+        click.echo(json.dumps([_jsonable(attrs.asdict(p)) for p in placed]))
+        return
+    for p in placed:
+        click.echo(f"order {p.order_id} saga {p.saga_id} {'placed' if p.placed else 'already placed (same key)'}")
+
+
+def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: int, amount: int) -> list[PlacedOrder]:
+    from actors.order_saga import place_order
+
+    placed = []
+    for batch in (who[i : i + BATCH] for i in range(0, len(who), BATCH)):
+        with runtime.database("orders").transaction() as conn:
+            for customer, sku, key in batch:
+                placed.append(
+                    place_order(
                         conn,
                         customer_id=customer,
                         sku=sku,
                         quantity=quantity,
                         amount_cents=amount,
-                        idempotency_key=order_key,
+                        idempotency_key=key,
                         step_timeout=runtime.settings.saga_step_timeout,
                     )
-                    placed.append(result)
-    except IdempotencyConflict as exc:
-        raise click.BadParameter(str(exc), param_hint="--idempotency-key") from None
-    if as_json:
-        click.echo(
-            json.dumps(
-                [{k: str(v) if isinstance(v, uuid.UUID) else v for k, v in attrs.asdict(p).items()} for p in placed]
-            )
-        )
-        return
-    for p in placed:
-        click.echo(f"order {p.order_id} saga {p.saga_id} {'placed' if p.placed else 'already placed (same key)'}")
+                )
+    return placed
 
 
 @orders_group.command("status")

@@ -184,36 +184,39 @@ def transition(
     results: dict[str, Any] | None = None,
     compensations: Sequence[str] | None = None,
     last_error: str | None = None,
-) -> int:
-    """Move ``row`` (read under its lock) to ``status`` waiting on ``step``; return the new version.
+) -> SagaRow:
+    """Move ``row`` (read under its lock) to ``status`` waiting on ``step``; return the new row.
 
-    The attempt count restarts at 1 and the deadline at ``now() + wait`` (none once the
-    saga has ended). ``results`` and ``compensations`` default to the row's.
+    The version goes up by one, the attempt count restarts at 1 and the deadline at
+    ``now() + wait`` (none once the saga has ended). ``results`` and ``compensations``
+    default to the row's.
     """
-    plan = row.compensations if compensations is None else list(compensations)
     params = {
         "saga_id": row.saga_id,
         "version": row.version,
         "status": status,
         "step": step,
         "results": Jsonb(row.results if results is None else results),
-        "compensations": plan,
+        "compensations": row.compensations if compensations is None else list(compensations),
         "last_error": last_error,
         "wait": wait,
     }
-    found = conn.execute(query("transition", table), params).fetchone()
-    if found is None:
-        raise RuntimeError(f"saga {row.saga_id} changed under its lock (version {row.version})")
-    return int(found[0])
+    return _changed(conn, "transition", table, row, params)
 
 
-def record_resend(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, *, wait: timedelta) -> int:
-    """Count one more send of the current command and push the deadline to ``now() + wait``; return the count."""
+def record_resend(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, *, wait: timedelta) -> SagaRow:
+    """Count one more send of the current command and push the deadline to ``now() + wait``; return the new row."""
     params = {"saga_id": row.saga_id, "version": row.version, "wait": wait}
-    found = conn.execute(query("record_resend", table), params).fetchone()
-    if found is None:
+    return _changed(conn, "record_resend", table, row, params)
+
+
+def _changed(
+    conn: psycopg.Connection[Any], name: str, table: SagaTable, row: SagaRow, params: dict[str, Any]
+) -> SagaRow:
+    changed = _one(conn, name, table, params)
+    if changed is None:
         raise RuntimeError(f"saga {row.saga_id} changed under its lock (version {row.version})")
-    return int(found[0])
+    return changed
 
 
 def log(

@@ -65,7 +65,8 @@ SET status = %(status)s::text,
     version = version + 1,
     updated_at = now()
 WHERE saga_id = %(saga_id)s AND version = %(version)s
-RETURNING version
+RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
 
 -- record_resend --
 UPDATE {schema}.{table}
@@ -73,7 +74,8 @@ SET attempts = attempts + 1,
     deadline_at = now() + %(wait)s::interval,
     updated_at = now()
 WHERE saga_id = %(saga_id)s AND version = %(version)s
-RETURNING attempts
+RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
 
 -- insert_log --
 INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
