@@ -94,7 +94,7 @@ def test_a_compensation_that_keeps_failing_fails_the_saga_until_an_operator_resu
     runtime: Runtime, conn, stub_broker: StubBroker, stub_worker, later_relay: threading.Event
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 1})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.3)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.5)
     # Drive the saga by hand up to the refund (the stock was short), then lose the account:
     # the refund has nowhere to put the money back.
     Courier(runtime, conn).run(hold=frozenset({"payments.refund_payment"}))
