@@ -33,10 +33,15 @@ dramatiq.set_broker(broker)
 #: This process's pools and lock backend.
 runtime = Runtime(settings)
 
-from . import pingpong  # noqa: E402  (services import after the broker is set)
+from . import order_saga, pingpong  # noqa: E402  (services import after the broker is set)
+from .saga_watch import WatchdogMiddleware  # noqa: E402
 from .step import bind  # noqa: E402
 
 pingpong.SERVICE  # noqa: B018  (imported for its steps)
+order_saga.ORDER_SAGA  # noqa: B018  (imported for the four order services and their saga)
+
+# Every worker process watches saga deadlines: restarting the workers resumes every saga.
+broker.add_middleware(WatchdogMiddleware(runtime))
 
 #: Every step of every service, as Dramatiq actors on :data:`broker`.
 bound_actors = bind(broker, runtime)

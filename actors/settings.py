@@ -34,7 +34,11 @@ _INTEGERS: dict[str, tuple[str, float]] = {
     "LOCK_TTL_MS": ("lock_ttl_ms", 1),
     "POOL_SIZE": ("pool_size", 1),
 }
-_FLOATS: dict[str, tuple[str, float]] = {"RELAY_POLL_INTERVAL": ("relay_poll_interval", 0.01)}
+_FLOATS: dict[str, tuple[str, float]] = {
+    "RELAY_POLL_INTERVAL": ("relay_poll_interval", 0.01),
+    "SAGA_STEP_TIMEOUT": ("saga_step_timeout", 0.01),
+    "SAGA_WATCH_INTERVAL": ("saga_watch_interval", 0.01),
+}
 
 
 @attrs.frozen
@@ -67,6 +71,11 @@ class Settings:
     lock_ttl_ms: int = 30_000
     #: Connections per service database in each process.
     pool_size: int = 8
+    #: Seconds a saga waits for a step's reply before its watchdog re-sends the command
+    #: (steps may declare their own); kept in each saga's row when it starts.
+    saga_step_timeout: float = 30.0
+    #: Seconds between the saga watchdog's looks for sagas past their deadline.
+    saga_watch_interval: float = 1.0
 
     def database_url_for(self, service: str) -> str:
         """The DSN of ``service``'s database."""

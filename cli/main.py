@@ -43,9 +43,9 @@ def cli(verbose: int, modules: tuple[str, ...]) -> None:
 
 
 def _register() -> None:
-    from . import migrate, outbox, ping, relay
+    from . import demo, migrate, orders, outbox, ping, relay, sagas, seed
 
-    for module in (migrate, outbox, ping, relay):
+    for module in (migrate, outbox, ping, relay, seed, orders, sagas, demo):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -17,15 +17,18 @@ def start(data_dir: Path | None = None) -> str:
     Several processes may call this for one data directory: pgserver shares one server
     between them and stops it when the last one exits.
     """
+    path = (data_dir or DEFAULT_DATA_DIR).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    # pgserver warns (on import) when XDG_RUNTIME_DIR is unset; it only needs a private writable place.
+    if "XDG_RUNTIME_DIR" not in os.environ:
+        runtime_dir = path.parent / "run"
+        runtime_dir.mkdir(mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime_dir)
     try:
         import pgserver
     except ImportError:
         raise DatabaseUnavailable(
             "ESTAFETA_DATABASE_URL=embedded needs pgserver: pip install 'estafeta[embedded]'"
         ) from None
-    path = (data_dir or DEFAULT_DATA_DIR).resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    # pgserver warns when XDG_RUNTIME_DIR is unset; it only needs some writable place.
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(path.parent))
     server = pgserver.get_server(str(path), cleanup_mode="stop")  # type: ignore[attr-defined]
     return str(server.get_uri())

@@ -1,0 +1,413 @@
+"""Sagas: an ordered list of steps, each an action command with an optional compensation.
+
+A :class:`Saga` is orchestrated by a step of its own service (``<service>.saga_<name>_reply``):
+every participant answers a saga command with a :class:`actors.step.Reply`, and the
+orchestrator handles each reply in one transaction of its own (inbox, saga row, outbox).
+Everything about a saga is in its row (``<service>.saga_<name>``): the current step, the
+compensation plan, what each step answered, the attempt count and the deadline, so any
+process can resume it after a crash. Every transition is appended to
+``<service>.saga_<name>_log``.
+
+Guarantees:
+
+- a reply moves the saga only if it answers the command the saga waits for now (same
+  step, same version); duplicate, stale and late replies change nothing;
+- a business failure compensates the completed steps, each compensation once, in reverse
+  order; a step that gets no answer past its deadline is sent again and, once its attempts
+  are spent, is treated as failed — and compensated itself too, since it may have taken
+  effect;
+- a compensation that keeps failing leaves the saga ``failed`` with ``last_error``, for an
+  operator (:meth:`Saga.resume` retries it once the cause is fixed).
+
+Steps marked ``retriable`` come after the point of no return (the seeds' pivot): they are
+never compensated, and failing them fails the saga for an operator instead.
+
+Message ids are derived from the saga id, version, step, direction and attempt: the same
+send always has the same id (the participant's inbox absorbs relay re-publishes and broker
+redeliveries of it), while each re-send is a new message that gets a new answer even when
+the answer to the previous one is stuck (a Redis worker killed with it prefetched keeps it
+for a minute or more). Participants must therefore be idempotent by business key (one
+payment per order), as the seeds require of every saga step; the late answer to an
+earlier attempt is then just a stale reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from prometheus_client import Counter
+
+from sql import sagas as store
+from sql.sagas import SagaRow, SagaTable
+
+from . import outbox
+from .errors import BusinessFailure
+from .messages import from_json, to_json
+from .registry import REGISTRY, StepSpec
+from .saga_steps import ACTION, COMPENSATION, as_timedelta
+from .saga_steps import SagaError as SagaError  # re-exported: the saga's public names live here
+from .saga_steps import SagaNotFound as SagaNotFound
+from .saga_steps import SagaState as SagaState
+from .saga_steps import SagaStep as SagaStep
+from .step import REPLY_TO, Reply, StepContext, step
+
+logger = logging.getLogger(__name__)
+
+#: Replies by saga and outcome: ``accepted`` moved a saga, ``stale`` changed nothing.
+REPLIES = Counter("estafeta_saga_replies", "Saga replies by outcome", ["saga", "outcome"])
+#: Transitions by saga and the status entered.
+TRANSITIONS = Counter("estafeta_saga_transitions", "Saga transitions by status entered", ["saga", "status"])
+
+#: Every saga declared in this process, by name.
+SAGAS: dict[str, Saga] = {}
+
+
+class Saga:
+    """A saga kind: its steps, its data class and its table in ``service``'s schema.
+
+    Declaring it declares the orchestrator step ``<service>.saga_<name>_reply``. The table
+    ``<service>.saga_<name>`` (with the key column ``key``) and its ``_log`` come from the
+    service's migrations (see ``sql/migrations/orders/0002_saga_order.sql`` for the shape).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        service: str,
+        data: type,
+        key: str,
+        steps: Sequence[SagaStep],
+        after_compensation: Sequence[SagaStep] = (),
+    ) -> None:
+        self.name = name
+        self.service = service
+        self.data = data
+        self.key = key
+        self.steps = tuple(steps)
+        self.after_compensation = tuple(after_compensation)
+        self._by_name = {s.name: s for s in (*self.steps, *self.after_compensation)}
+        self._check()
+        self.table = SagaTable(service, f"saga_{name}", f"saga_{name}_log", key)
+        if name in SAGAS:
+            raise ValueError(f"a saga named {name!r} is already declared")
+        self.reply_step: StepSpec = step(service, Reply, name=f"saga_{name}_reply")(self.on_reply)
+        SAGAS[name] = self
+
+    def _check(self) -> None:
+        if len(self._by_name) != len(self.steps) + len(self.after_compensation):
+            raise ValueError(f"saga {self.name}: step names must be unique")
+        actions = [s.action is not None for s in self.steps]
+        if True not in actions or False in actions[actions.index(True) :]:
+            raise ValueError(f"saga {self.name}: only leading steps may lack an action, and one must have one")
+        if any(s.retriable and s.compensation for s in self.steps):
+            raise ValueError(
+                f"saga {self.name}: a retriable step is past the point of no return, it has no compensation"
+            )
+        if any(s.action is None for s in self.after_compensation):
+            raise ValueError(f"saga {self.name}: steps after compensation need an action")
+
+    @property
+    def reply_actor(self) -> str:
+        """The orchestrator step's actor name."""
+        return self.reply_step.actor_name
+
+    # -- starting -----------------------------------------------------------------------
+
+    def start(
+        self,
+        conn: psycopg.Connection[Any],
+        data: Any,
+        *,
+        saga_id: uuid.UUID | None = None,
+        step_timeout: timedelta | float = 30.0,
+        traceparent: str | None = None,
+    ) -> uuid.UUID:
+        """Start a saga for ``data`` in the caller's transaction: its row, its log and its first command.
+
+        With a ``saga_id`` that already exists, nothing happens (a retried start).
+        ``step_timeout`` is kept in the row: the wait for steps that declare none.
+        """
+        saga_id = saga_id or uuid.uuid4()
+        first = next(s for s in self.steps if s.action is not None)
+        timeout = as_timedelta(step_timeout)
+        assert timeout is not None
+        inserted = store.insert(
+            conn,
+            self.table,
+            saga_id=saga_id,
+            key=getattr(data, self.key),
+            step=first.name,
+            payload=to_json(data),
+            step_timeout=timeout,
+            wait=self._wait(first, timeout, 1),
+        )
+        if not inserted:
+            return saga_id
+        row = store.lock(conn, self.table, saga_id)
+        assert row is not None
+        self._log(conn, row, "started", f"waiting for {first.name}")
+        TRANSITIONS.labels(self.name, "running").inc()
+        self._send(conn, row, traceparent=traceparent)
+        return saga_id
+
+    # -- the orchestrator step ------------------------------------------------------------
+
+    def on_reply(self, ctx: StepContext, reply: Reply) -> None:
+        """Handle a participant's reply: move the saga on if it answers the current command."""
+        context = reply.context
+        if context.get("saga") != self.name:
+            raise BusinessFailure(f"a reply for saga kind {context.get('saga')!r} reached {self.reply_actor}")
+        saga_id = uuid.UUID(str(context["saga_id"]))
+        row = store.lock(ctx.conn, self.table, saga_id)
+        if row is None:
+            raise BusinessFailure(f"no {self.name} saga {saga_id}")
+        if not self._answers_current(row, context):
+            REPLIES.labels(self.name, "stale").inc()
+            logger.info(
+                "saga %s: %s reply to %s v%s ignored (now %s %s v%s)",
+                saga_id,
+                context.get("direction"),
+                context.get("step"),
+                context.get("version"),
+                row.status,
+                row.current_step,
+                row.version,
+            )
+            return
+        REPLIES.labels(self.name, "accepted").inc()
+        traceparent = ctx.options.get("traceparent")
+        if context["direction"] == ACTION:
+            if reply.ok:
+                self._action_done(ctx.conn, row, reply.result, traceparent)
+            else:
+                self._step_failed(ctx.conn, row, f"{row.current_step}: {reply.error}", include_current=False)
+        elif reply.ok:
+            self._compensation_done(ctx.conn, row, traceparent)
+        else:
+            self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}")
+
+    def _answers_current(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
+        direction = ACTION if row.status == "running" else COMPENSATION
+        return (
+            row.live
+            and context.get("version") == row.version
+            and context.get("step") == row.current_step
+            and context.get("direction") == direction
+        )
+
+    # -- transitions ----------------------------------------------------------------------
+
+    def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, result: Any, tp: str | None) -> None:
+        results = {**row.results, row.current_step: result}
+        index = self.steps.index(self._by_name[row.current_step])
+        if index + 1 < len(self.steps):
+            following = self.steps[index + 1].name
+            self._move(conn, row, "running", following, "advanced", f"{row.current_step} done", results=results, tp=tp)
+        else:
+            self._move(conn, row, "completed", row.current_step, "completed", None, results=results)
+
+    def _step_failed(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str, *, include_current: bool) -> None:
+        current = self._by_name[row.current_step]
+        if current.retriable:
+            self._give_up(conn, row, reason)
+            return
+        index = self.steps.index(current)
+        done = self.steps[: index + 1] if include_current else self.steps[:index]
+        plan = [s.name for s in reversed(done) if s.compensation] + [s.name for s in self.after_compensation]
+        if not plan:
+            self._move(
+                conn, row, "compensated", row.current_step, "compensated", reason, compensations=[], error=reason
+            )
+            return
+        self._move(conn, row, "compensating", plan[0], "compensating", reason, compensations=plan, error=reason)
+
+    def _compensation_done(self, conn: psycopg.Connection[Any], row: SagaRow, tp: str | None) -> None:
+        plan = row.compensations or []
+        index = plan.index(row.current_step)
+        if index + 1 < len(plan):
+            self._move(conn, row, "compensating", plan[index + 1], "undone", f"{row.current_step} undone", tp=tp)
+        else:
+            self._move(conn, row, "compensated", row.current_step, "compensated", f"{row.current_step} undone")
+
+    def _give_up(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str) -> None:
+        logger.warning("saga %s %s failed: %s", self.name, row.saga_id, reason)
+        self._move(conn, row, "failed", row.current_step, "failed", reason, error=reason)
+
+    def _move(
+        self,
+        conn: psycopg.Connection[Any],
+        row: SagaRow,
+        status: str,
+        step_name: str,
+        event: str,
+        detail: str | None,
+        *,
+        results: dict[str, Any] | None = None,
+        compensations: list[str] | None = None,
+        error: str | None = None,
+        tp: str | None = None,
+    ) -> None:
+        moved = store.transition(
+            conn,
+            self.table,
+            row,
+            status=status,
+            step=step_name,
+            wait=self._wait(self._by_name[step_name], row.step_timeout, 1),
+            results=results,
+            compensations=compensations,
+            last_error=error,
+        )
+        self._log(conn, moved, event, detail)
+        TRANSITIONS.labels(self.name, status).inc()
+        if moved.live:
+            self._send(conn, moved, traceparent=tp)
+
+    # -- commands -------------------------------------------------------------------------
+
+    def command_for(self, row: SagaRow) -> tuple[SagaStep, Any, str]:
+        """The step, command and direction a live saga waits on."""
+        current = self._by_name[row.current_step]
+        state = SagaState(row.saga_id, from_json(self.data, row.payload), row.results)
+        if row.status == "running":
+            assert current.action is not None
+            return current, current.action(state), ACTION
+        factory = current.action if current in self.after_compensation else current.compensation
+        assert factory is not None
+        return current, factory(state), COMPENSATION
+
+    def target(self, row: SagaRow) -> tuple[StepSpec, uuid.UUID]:
+        """The step that handles the current command, and the message id of its latest send."""
+        _, command, direction = self.command_for(row)
+        (handler,) = REGISTRY.handlers(type(command))
+        return handler, self._message_id(row, direction)
+
+    @staticmethod
+    def _message_id(row: SagaRow, direction: str) -> uuid.UUID:
+        return uuid.uuid5(row.saga_id, f"{row.version}:{direction}:{row.current_step}:{row.attempts}")
+
+    def _send(
+        self,
+        conn: psycopg.Connection[Any],
+        row: SagaRow,
+        *,
+        previous: uuid.UUID | None = None,
+        traceparent: str | None = None,
+    ) -> None:
+        current, command, direction = self.command_for(row)
+        if previous is not None and store.requeue_command(conn, self.service, previous):
+            return  # the previous send never left the outbox: it is back in line instead
+        message_id = self._message_id(row, direction)
+        key = str(row.key)
+        context = {
+            "saga": self.name,
+            "saga_id": str(row.saga_id),
+            "step": current.name,
+            "version": row.version,
+            "direction": direction,
+        }
+        reply_to = {"actor": self.reply_actor, "queue": self.service, "context": context, "ordering_key": key}
+        outbox.send(
+            conn,
+            command,
+            service=self.service,
+            message_id=message_id,
+            ordering_key=key,
+            saga_id=row.saga_id,
+            options={REPLY_TO: reply_to},
+            traceparent=traceparent,
+        )
+
+    # -- deadlines and operators ----------------------------------------------------------
+
+    def on_deadline(self, conn: psycopg.Connection[Any], row: SagaRow, parked: str | None) -> str:
+        """Handle a live saga past its deadline (locked by the caller); return what was done.
+
+        ``parked`` is the participant's dead-letter reason for the latest send, if it parked
+        it: it goes into ``last_error`` when the step's attempts are spent.
+        """
+        current = self._by_name[row.current_step]
+        _, _, direction = self.command_for(row)
+        if row.attempts < current.max_attempts:
+            wait = self._wait(current, row.step_timeout, row.attempts + 1)
+            resent = store.record_resend(conn, self.table, row, wait=wait)
+            detail = f"no reply by the deadline: attempt {resent.attempts} of {current.max_attempts}"
+            self._log(conn, resent, "resent", detail)
+            self._send(conn, resent, previous=self._message_id(row, direction))
+            return "resent"
+        why = f"no reply after {row.attempts} attempt(s)"
+        if parked:
+            why += f"; the last was parked: {parked}"
+        if row.status == "running":
+            self._step_failed(conn, row, f"{row.current_step}: {why}", include_current=True)
+            return "compensating" if not current.retriable else "failed"
+        self._give_up(conn, row, f"compensation {row.current_step}: {why}")
+        return "failed"
+
+    def resume(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> str:
+        """Send a live saga's current command again now, or retry the step a failed saga stopped at.
+
+        Either way the step starts over under a new version, with a full set of attempts:
+        answers to earlier sends become stale.
+        """
+        row = self._locked(conn, saga_id)
+        if row.live:
+            self._move(conn, row, row.status, row.current_step, "resumed", f"{row.current_step} sent again on request")
+            return "resent"
+        if row.status != "failed":
+            raise SagaError(f"saga {saga_id} is {row.status}: nothing to resume")
+        status = "compensating" if row.compensations is not None else "running"
+        self._move(conn, row, status, row.current_step, "resumed", f"retrying {row.current_step} on request")
+        return "retrying"
+
+    def abort(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID, reason: str) -> None:
+        """Compensate a running saga (or one that failed before compensating), current step included."""
+        row = self._locked(conn, saga_id)
+        if row.status not in ("running", "failed") or row.compensations is not None:
+            raise SagaError(f"saga {saga_id} is {row.status}: nothing to abort")
+        if self._by_name[row.current_step].retriable:
+            raise SagaError(
+                f"saga {saga_id} is past its point of no return ({row.current_step} is not compensated);"
+                " resume it instead"
+            )
+        self._step_failed(conn, row, f"aborted: {reason}", include_current=True)
+
+    def _locked(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> SagaRow:
+        row = store.lock(conn, self.table, saga_id)
+        if row is None:
+            raise SagaNotFound(f"no {self.name} saga {saga_id}")
+        return row
+
+    @staticmethod
+    def _wait(current: SagaStep, default: timedelta, attempts: int) -> timedelta:
+        # Each re-send waits longer: a slow participant gets more time, not more copies.
+        return (current.timeout or default) * attempts
+
+    def _log(self, conn: psycopg.Connection[Any], row: SagaRow, event: str, detail: str | None) -> None:
+        store.log(
+            conn,
+            self.table,
+            saga_id=row.saga_id,
+            version=row.version,
+            status=row.status,
+            step=row.current_step,
+            event=event,
+            detail=detail,
+        )
+
+
+def get_saga(name: str | None = None) -> Saga:
+    """The saga kind ``name`` (or the only one declared)."""
+    if name is None and len(SAGAS) == 1:
+        return next(iter(SAGAS.values()))
+    try:
+        return SAGAS[name or ""]
+    except KeyError:
+        known = ", ".join(sorted(SAGAS)) or "none"
+        raise SagaNotFound(f"no saga kind {name!r} (declared: {known})") from None

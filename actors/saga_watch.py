@@ -1,0 +1,117 @@
+"""The saga watchdog: moves on every live saga that is past its deadline.
+
+Deadlines live in the saga rows (not in Dramatiq delays, which RabbitMQ's consumer
+timeout and a Redis restart can break), so any process can act on them: the watchdog
+sends the command a saga waits for again (a new attempt, answered again by a participant
+that is idempotent by business key), and once the step's attempts are spent it fails the
+step — compensating — or fails the saga for an operator.
+
+It runs inside every ``dramatiq actors`` worker process (:class:`WatchdogMiddleware`),
+so restarting the workers after a crash is enough for every in-flight saga to finish;
+``estafeta sagas watch`` runs it alone. Several watchdogs at once are safe: each saga is
+claimed with ``FOR UPDATE SKIP LOCKED`` and re-checked under its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import dramatiq
+import psycopg.errors
+
+from sql import sagas as store
+from sql.errors import DatabaseError
+
+from .runtime import Runtime
+from .saga import SAGAS, Saga
+
+logger = logging.getLogger(__name__)
+
+
+class Watchdog:
+    """Looks for sagas past their deadline and moves them on, one transaction per saga."""
+
+    def __init__(self, runtime: Runtime, sagas: Sequence[Saga] | None = None, *, batch_size: int = 200) -> None:
+        self.runtime = runtime
+        self._sagas = list(sagas) if sagas is not None else None
+        self.batch_size = batch_size
+
+    @property
+    def sagas(self) -> list[Saga]:
+        """The saga kinds watched (every declared one unless given)."""
+        return self._sagas if self._sagas is not None else list(SAGAS.values())
+
+    def check_once(self) -> Counter[str]:
+        """Handle every saga overdue now; return how many were ``resent``, ``compensating``, ``failed``."""
+        done: Counter[str] = Counter()
+        for saga in self.sagas:
+            with self.runtime.database(saga.service).connection() as conn:
+                overdue = store.overdue(conn, saga.table, self.batch_size)
+            for saga_id in overdue:
+                outcome = self.handle(saga, saga_id)
+                if outcome:
+                    done[outcome] += 1
+        return done
+
+    def handle(self, saga: Saga, saga_id: uuid.UUID) -> str | None:
+        """Move one overdue saga on; ``None`` if it is no longer overdue or another process holds it."""
+        database = self.runtime.database(saga.service)
+        with database.connection() as conn:
+            seen = store.get(conn, saga.table, saga_id)
+        if seen is None or not seen.live:
+            return None
+        # Read the participant's dead letters before locking the saga row: the participant
+        # may live in another database, and no lock should wait on a second pool.
+        handler, message_id = saga.target(seen)
+        with self.runtime.database(handler.service).connection() as conn:
+            parked = store.dead_letter_reason(conn, handler.service, handler.actor_name, message_id)
+        with database.transaction() as conn:
+            row = store.lock_overdue(conn, saga.table, saga_id)
+            if row is None or row.version != seen.version:
+                return None
+            outcome = saga.on_deadline(conn, row, parked)
+        logger.info("saga %s %s past its deadline at %s: %s", saga.name, saga_id, row.current_step, outcome)
+        return outcome
+
+    def run(self, stop: threading.Event, interval: float | None = None) -> None:
+        """Check every ``interval`` seconds until ``stop`` is set; database outages only pause it."""
+        interval = interval or self.runtime.settings.saga_watch_interval
+        pause = interval
+        while not stop.is_set():
+            try:
+                self.check_once()
+                pause = interval
+            except DatabaseError as exc:
+                pause = min(max(pause * 2, interval), 30.0)
+                if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+                    logger.info("saga watchdog idle: the saga tables are not migrated yet (estafeta migrate)")
+                else:
+                    logger.warning("saga watchdog paused %.1fs: %s", pause, exc)
+            stop.wait(pause)
+
+
+class WatchdogMiddleware(dramatiq.Middleware):
+    """Runs a :class:`Watchdog` thread in each worker process, from boot to shutdown."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        self._stop.clear()
+        watchdog = Watchdog(self.runtime)
+        self._thread = threading.Thread(target=watchdog.run, args=(self._stop,), name="estafeta-saga-watchdog")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None

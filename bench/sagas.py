@@ -1,0 +1,288 @@
+"""``python -m bench.sagas``: order-saga throughput per broker, beside the raw step throughput.
+
+On a scratch PostgreSQL database, for each broker (the StubBroker with an in-process
+worker and relay; RabbitMQ and Redis, when reachable, with ``dramatiq actors`` worker
+processes and an ``estafeta relay`` process):
+
+- ``baseline``: ping/pong round trips (two one-transaction steps, no saga): step messages
+  per second, the ceiling the same worker, relay and database reach;
+- ``sagas``: order sagas (a mix that completes and compensates, as in the demo): sagas
+  per second, the step messages per second they cost (orchestrator replies included),
+  and latency p50/p99 from placing to the end.
+
+Work is placed in one transaction once the workers answer, and timed with the database's
+own timestamps, so process start-up is not counted. Figures measured while other work
+runs on the machine are noisy: say so when you quote them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import psycopg
+from dramatiq.brokers.stub import StubBroker
+from psycopg import sql
+
+from actors import outbox
+from actors.order_saga import place_order
+from actors.pingpong import Ping
+from actors.runtime import Runtime
+from actors.services import all_services
+from actors.settings import Settings
+from actors.step import bind
+from cli.relay import build_relay
+from cli.seed import plan_orders, seed_services
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@contextlib.contextmanager
+def scratch_database(admin_dsn: str) -> Iterator[str]:
+    """A migrated database of the bench's own, dropped afterwards."""
+    name = f"estafeta_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
+            runtime = Runtime(Settings(database_url=dsn))
+            runtime.migrate()
+            runtime.close()
+            yield dsn
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _wipe(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        names = conn.execute(
+            "SELECT schemaname, tablename FROM pg_tables"
+            " WHERE schemaname = ANY(%s) AND tablename <> 'schema_migrations'",
+            ([s.name for s in all_services()],),
+        ).fetchall()
+        tables = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in names)
+        conn.execute(sql.SQL("TRUNCATE {}").format(tables))
+
+
+@contextlib.contextmanager
+def stub_harness(dsn: str) -> Iterator[Runtime]:
+    """A StubBroker with a worker (8 threads) and the relay in this process."""
+    runtime = Runtime(Settings(database_url=dsn, pool_size=12))
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    bind(broker, runtime)
+    worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
+    relay = build_relay(runtime, broker, [], poll_interval=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    worker.start()
+    thread.start()
+    try:
+        yield runtime
+    finally:
+        stop.set()
+        thread.join(10)
+        worker.stop()
+        broker.close()
+        runtime.close()
+
+
+@contextlib.contextmanager
+def process_harness(dsn: str, broker_url: str, processes: int) -> Iterator[Runtime]:
+    """``dramatiq actors`` (``processes`` x 8 threads) and ``estafeta relay`` processes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
+    env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=broker_url, ESTAFETA_RELAY_POLL_INTERVAL="0.05")
+    env["PYTHONPATH"] = str(ROOT)
+    argv = [str(BIN / "dramatiq"), "actors", "--processes", str(processes), "--threads", "8"]
+    children = [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for cmd in (argv, [str(BIN / "estafeta"), "relay"])
+    ]
+    runtime = Runtime(Settings(database_url=dsn))
+    try:
+        yield runtime
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        runtime.close()
+
+
+def _wait(conn: psycopg.Connection[Any], query: str, expected: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while (conn.execute(query).fetchone() or [0])[0] < expected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {expected} from: {query}")
+        time.sleep(0.05)
+
+
+def _inbox_rows(conn: psycopg.Connection[Any]) -> int:
+    return sum(
+        int(
+            (conn.execute(sql.SQL("SELECT count(*) FROM {}.inbox").format(sql.Identifier(s.name))).fetchone() or [0])[0]
+        )
+        for s in all_services()
+    )
+
+
+def measure_pings(runtime: Runtime, count: int) -> dict[str, Any]:
+    """Ping/pong round trips: step messages per second."""
+    database = runtime.database("pingpong")
+    with database.transaction() as conn:
+        conn.execute("DELETE FROM pingpong.pings")
+        for _ in range(count):
+            outbox.send(conn, Ping(uuid.uuid4(), datetime.now(UTC)), service="pingpong")
+    with database.connection() as conn:
+        _wait(conn, "SELECT count(*) FROM pingpong.pings WHERE ponged_at IS NOT NULL", count)
+        row = conn.execute("SELECT extract(epoch FROM max(ponged_at) - min(sent_at)) FROM pingpong.pings").fetchone()
+    seconds = float(row[0]) if row and row[0] else float("nan")
+    return {"round_trips": count, "seconds": seconds, "step_messages_per_second": 2 * count / seconds}
+
+
+def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
+    """Order sagas placed at once: sagas and step messages per second, latency."""
+    plan = plan_orders(count, prefix=f"b{uuid.uuid4().hex[:6]}-", rng=random.Random(7))
+    seed_services(runtime, plan.balances, plan.stock)
+    with runtime.database("orders").connection() as conn:
+        before = _inbox_rows(conn)
+    with runtime.database("orders").transaction() as conn:
+        for customer, sku, quantity, amount in plan.orders:
+            place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
+    with runtime.database("orders").connection() as conn:
+        _wait(conn, "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL", count)
+        row = conn.execute(
+            """SELECT extract(epoch FROM max(completed_at) - min(started_at)),
+                      percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
+                      percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
+                      count(*) FILTER (WHERE status = 'completed')
+               FROM orders.saga_order"""
+        ).fetchone()
+        messages = _inbox_rows(conn) - before
+    assert row is not None
+    seconds = float(row[0])
+    return {
+        "sagas": count,
+        "completed": int(row[3]),
+        "seconds": seconds,
+        "sagas_per_second": count / seconds,
+        "step_messages_per_second": messages / seconds,
+        "messages_per_saga": messages / count,
+        "latency_p50": float(row[1]),
+        "latency_p99": float(row[2]),
+    }
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _rabbitmq_vhost(url: str) -> Iterator[str | None]:
+    ctl = shutil.which("rabbitmqctl")
+    if not ctl or not _reachable(url, 5672):
+        yield None
+        return
+    vhost = f"estafeta-bench-{uuid.uuid4().hex[:8]}"
+    subprocess.run([ctl, "-q", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
+    try:
+        subprocess.run([ctl, "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"], check=True, timeout=60)
+        yield url.rsplit("/", 1)[0] + "/" + vhost
+    finally:
+        subprocess.run([ctl, "-q", "delete_vhost", vhost], capture_output=True, timeout=60)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement, by broker."""
+    results: dict[str, Any] = {}
+    with scratch_database(args.database_url) as dsn, _rabbitmq_vhost(args.amqp_url) as amqp:
+        harnesses: list[tuple[str, Any]] = [("stub", lambda: stub_harness(dsn))]
+        if amqp:
+            harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, args.processes)))
+        if _reachable(args.redis_url, 6379):
+            redis_url = f"{args.redis_url}?namespace=estafeta-bench-{uuid.uuid4().hex[:8]}"
+            harnesses.append(("redis", lambda: process_harness(dsn, redis_url, args.processes)))
+        for name, harness in harnesses:
+            _wipe(dsn)
+            with harness() as runtime:
+                measure_pings(runtime, 20)  # warm-up: the workers answer
+                results[name] = {
+                    "baseline": measure_pings(runtime, args.pings),
+                    "sagas": measure_sagas(runtime, args.orders),
+                }
+    return results
+
+
+def machine() -> str:
+    """What the figures were measured on."""
+    return f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+
+
+def table(results: dict[str, Any], processes: int) -> str:
+    """The figures, one broker per line, the baseline beside the sagas."""
+    lines = [
+        f"estafeta saga benchmark: {machine()}; real brokers: dramatiq actors --processes {processes} --threads 8",
+        f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
+        f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}",
+    ]
+    for name, r in results.items():
+        base, sagas = r["baseline"]["step_messages_per_second"], r["sagas"]
+        lines.append(
+            f"{name:<10}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
+            f"{sagas['messages_per_saga']:>12.1f}{sagas['step_messages_per_second'] / base:>12.0%}"
+            f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.sagas", description=__doc__.split("\n")[0])
+    parser.add_argument("--orders", type=int, default=500, help="sagas per broker (default 500)")
+    parser.add_argument("--pings", type=int, default=1000, help="ping/pong round trips per broker (default 1000)")
+    parser.add_argument("--processes", type=int, default=2, help="worker processes on real brokers (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
+        help="a PostgreSQL server to create a scratch database on",
+    )
+    parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
+    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/7"))
+    args = parser.parse_args(argv)
+    results = run(args)
+    if args.json:
+        json.dump({"machine": machine(), "processes": args.processes, "results": results}, sys.stdout, indent=2)
+        print()
+    else:
+        print(table(results, args.processes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""``estafeta orders``: place orders through the outbox, and see how they went."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import click
+
+if TYPE_CHECKING:
+    from actors.order_saga import PlacedOrder
+    from actors.runtime import Runtime
+
+#: Orders placed per transaction by ``--count`` (each order's rows still commit together).
+BATCH = 100
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def _ready(runtime: Runtime) -> None:
+    pending = runtime.migrate(["orders"], check=True)["orders"]
+    if pending:
+        raise click.ClickException("the orders schema is not migrated: run `estafeta migrate` first")
+
+
+@click.group("orders")
+def orders_group() -> None:
+    """Place orders and see how their sagas went."""
+
+
+@orders_group.command("place")
+@click.option("--customer", "customers", multiple=True, required=True, help="Customer id (repeatable: used in turn).")
+@click.option("--sku", "skus", multiple=True, required=True, help="SKU (repeatable: used in turn).")
+@click.option("--quantity", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--amount", type=click.IntRange(min=1), required=True, help="Amount to charge, in cents.")
+@click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True, help="Orders to place.")
+@click.option("--idempotency-key", "key", help="Placing twice with the same key places once (--count: KEY-1..KEY-N).")
+@_json_option
+def place_command(
+    customers: tuple[str, ...],
+    skus: tuple[str, ...],
+    quantity: int,
+    amount: int,
+    count: int,
+    key: str | None,
+    as_json: bool,
+) -> None:
+    """Enqueue orders: each order's row, its saga and its first command commit in one transaction.
+
+    The sagas run wherever `dramatiq actors` and `estafeta relay` run for this database
+    and broker (with the default stub:// broker nothing outside this process would run
+    them: try `estafeta demo`).
+    """
+    from actors import runtime
+    from actors.order_saga import IdempotencyConflict
+
+    _ready(runtime)
+    keys = [None] * count if key is None else ([key] if count == 1 else [f"{key}-{i}" for i in range(1, count + 1)])
+    who = list(zip(itertools.cycle(customers), itertools.cycle(skus), keys, strict=False))
+    try:
+        placed = _place(runtime, who, quantity, amount)
+    except IdempotencyConflict as exc:
+        raise click.BadParameter(str(exc), param_hint="--idempotency-key") from None
+    if as_json:
+        click.echo(json.dumps([_jsonable(attrs.asdict(p)) for p in placed]))
+        return
+    for p in placed:
+        click.echo(f"order {p.order_id} saga {p.saga_id} {'placed' if p.placed else 'already placed (same key)'}")
+
+
+def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: int, amount: int) -> list[PlacedOrder]:
+    from actors.order_saga import place_order
+
+    placed = []
+    for batch in (who[i : i + BATCH] for i in range(0, len(who), BATCH)):
+        with runtime.database("orders").transaction() as conn:
+            for customer, sku, key in batch:
+                placed.append(
+                    place_order(
+                        conn,
+                        customer_id=customer,
+                        sku=sku,
+                        quantity=quantity,
+                        amount_cents=amount,
+                        idempotency_key=key,
+                        step_timeout=runtime.settings.saga_step_timeout,
+                    )
+                )
+    return placed
+
+
+@orders_group.command("status")
+@click.argument("order_id", type=click.UUID, required=False)
+@_json_option
+def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
+    """One order and its saga (ORDER_ID), or how many orders and sagas are in each status."""
+    from actors import orders, runtime
+    from actors.order_saga import ORDER_SAGA
+    from sql import sagas
+
+    _ready(runtime)
+    with runtime.database("orders").connection() as conn:
+        if order_id is None:
+            counts = {"orders": orders.count_by_status(conn), "sagas": sagas.count_by_status(conn, ORDER_SAGA.table)}
+            _print_counts(counts, as_json)
+            return
+        order = orders.get_order(conn, order_id)
+        if order is None:
+            raise click.BadParameter(f"no order {order_id}", param_hint="ORDER_ID")
+        rows = [sagas.get(conn, ORDER_SAGA.table, s) for s in sagas.of_key(conn, ORDER_SAGA.table, order_id)]
+    found = {**_jsonable(attrs.asdict(order)), "sagas": [_jsonable(attrs.asdict(r)) for r in rows if r]}
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    click.echo(
+        f"order {order.order_id}: {order.status} ({order.customer_id}, {order.quantity} x {order.sku},"
+        f" {order.amount_cents} cents)"
+    )
+    for r in rows:
+        if r is not None:
+            error = f" - {r.last_error}" if r.last_error else ""
+            click.echo(f"saga {r.saga_id}: {r.status} at {r.current_step}{error}")
+
+
+def _print_counts(counts: dict[str, dict[str, int]], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(counts))
+        return
+    for kind, by_status in counts.items():
+        click.echo(f"{kind}: " + (", ".join(f"{s} {n}" for s, n in by_status.items()) or "none"))
+
+
+@orders_group.command("list")
+@click.option("--status", type=click.Choice(["pending", "confirmed", "cancelled"]), help="Only orders in this status.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@_json_option
+def list_command(status: str | None, limit: int, as_json: bool) -> None:
+    """The newest orders first."""
+    from actors import orders, runtime
+
+    _ready(runtime)
+    with runtime.database("orders").connection() as conn:
+        found = orders.list_orders(conn, status=status, limit=limit)
+    if as_json:
+        click.echo(json.dumps([_jsonable(attrs.asdict(o)) for o in found]))
+        return
+    for o in found:
+        click.echo(
+            f"{o.created_at:%Y-%m-%d %H:%M:%S} {o.order_id} {o.status:<9} {o.customer_id} {o.quantity} x {o.sku}"
+            f" {o.amount_cents} cents"
+        )
+    if not found:
+        click.echo("no orders")
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(data, default=str))  # type: ignore[no-any-return]
+
+
+COMMANDS = [orders_group]

@@ -1,0 +1,182 @@
+"""``estafeta sagas``: list, inspect, resume, abort and watch sagas."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import click
+
+if TYPE_CHECKING:
+    from actors.saga import Saga
+    from sql.sagas import SagaRow
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+_kind_option = click.option("--saga", "kind", help="The saga kind (default: the only one declared, `order`).")
+
+
+def _saga(kind: str | None) -> Saga:
+    from actors.saga import SagaNotFound, get_saga
+
+    try:
+        return get_saga(kind)
+    except SagaNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="--saga") from None
+
+
+def _row_json(row: SagaRow) -> dict[str, Any]:
+    return json.loads(json.dumps(attrs.asdict(row), default=str))  # type: ignore[no-any-return]
+
+
+@click.group("sagas")
+def sagas_group() -> None:
+    """Inspect sagas and move them on by hand."""
+
+
+@sagas_group.command("list")
+@click.option(
+    "--status",
+    type=click.Choice(["running", "compensating", "completed", "compensated", "failed"]),
+    help="Only sagas in this status.",
+)
+@click.option("--stuck", is_flag=True, help="Only live sagas past their deadline.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@_kind_option
+@_json_option
+def list_command(status: str | None, stuck: bool, limit: int, kind: str | None, as_json: bool) -> None:
+    """The newest sagas first, with their current step and last error."""
+    from actors import runtime
+    from sql import sagas
+
+    saga = _saga(kind)
+    with runtime.database(saga.service).connection() as conn:
+        rows = sagas.search(conn, saga.table, status=status, stuck=stuck, limit=limit)
+    if as_json:
+        click.echo(json.dumps([_row_json(r) for r in rows]))
+        return
+    for r in rows:
+        error = f"  {r.last_error}" if r.last_error else ""
+        click.echo(
+            f"{r.started_at:%Y-%m-%d %H:%M:%S} {r.saga_id} {r.status:<12} {r.current_step:<20} v{r.version}{error}"
+        )
+    if not rows:
+        click.echo("no sagas")
+
+
+@sagas_group.command("show")
+@click.argument("saga_id", type=click.UUID)
+@_kind_option
+@_json_option
+def show_command(saga_id: uuid.UUID, kind: str | None, as_json: bool) -> None:
+    """A saga's state and the timeline of its transitions."""
+    from actors import runtime
+    from sql import sagas
+
+    saga = _saga(kind)
+    with runtime.database(saga.service).connection() as conn:
+        row = sagas.get(conn, saga.table, saga_id)
+        if row is None:
+            raise click.BadParameter(f"no {saga.name} saga {saga_id}", param_hint="SAGA_ID")
+        timeline = sagas.timeline(conn, saga.table, saga_id)
+    if as_json:
+        entries = [json.loads(json.dumps(attrs.asdict(e), default=str)) for e in timeline]
+        click.echo(json.dumps({**_row_json(row), "timeline": entries}))
+        return
+    click.echo(f"saga {row.saga_id} ({saga.name} {row.key}): {row.status} at {row.current_step}, version {row.version}")
+    if row.live:
+        click.echo(
+            f"waiting since {row.updated_at:%H:%M:%S}, attempt {row.attempts}, deadline {row.deadline_at:%H:%M:%S}"
+        )
+    if row.last_error:
+        click.echo(f"last error: {row.last_error}")
+    for e in timeline:
+        detail = f"  {e.detail}" if e.detail else ""
+        click.echo(f"  {e.at:%H:%M:%S.%f} v{e.version:<3} {e.event:<13} {e.status:<12} {e.step}{detail}")
+
+
+@sagas_group.command("resume")
+@click.argument("saga_ids", nargs=-1, type=click.UUID)
+@_kind_option
+@_json_option
+def resume_command(saga_ids: tuple[uuid.UUID, ...], kind: str | None, as_json: bool) -> None:
+    """Re-send the current command of every live saga now (or of SAGA_IDS); retry a failed SAGA_ID's step.
+
+    Safe at any time: a participant that already handled a re-sent command absorbs it
+    in its inbox. Give the ids of failed sagas once their cause is fixed.
+    """
+    from actors import runtime
+    from actors.saga import SagaError, SagaNotFound
+    from sql import sagas
+
+    saga = _saga(kind)
+    database = runtime.database(saga.service)
+    if not saga_ids:
+        with database.connection() as conn:
+            saga_ids = tuple(sagas.live(conn, saga.table, 1_000_000))
+    done: dict[str, str] = {}
+    for saga_id in saga_ids:
+        try:
+            with database.transaction() as conn:
+                done[str(saga_id)] = saga.resume(conn, saga_id)
+        except SagaNotFound as exc:
+            raise click.BadParameter(str(exc), param_hint="SAGA_IDS") from None
+        except SagaError as exc:
+            done[str(saga_id)] = f"refused: {exc}"
+    if as_json:
+        click.echo(json.dumps(done))
+    else:
+        for saga_id_text, outcome in done.items():
+            click.echo(f"{saga_id_text}: {outcome}")
+        click.echo(f"{sum(not o.startswith('refused') for o in done.values())} saga(s) moved on")
+    if any(o.startswith("refused") for o in done.values()):
+        raise click.exceptions.Exit(1)
+
+
+@sagas_group.command("abort")
+@click.argument("saga_id", type=click.UUID)
+@click.option("--reason", default="by an operator", show_default=True, help="Recorded as the saga's last error.")
+@_kind_option
+def abort_command(saga_id: uuid.UUID, reason: str, kind: str | None) -> None:
+    """Compensate a running saga now, its current step included (not past its point of no return)."""
+    from actors import runtime
+    from actors.saga import SagaNotFound
+
+    saga = _saga(kind)
+    try:
+        with runtime.database(saga.service).transaction() as conn:
+            saga.abort(conn, saga_id, reason)
+    except SagaNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="SAGA_ID") from None
+    click.echo(f"saga {saga_id}: compensating")
+
+
+@sagas_group.command("watch")
+@click.option("--once", is_flag=True, help="Handle what is overdue now, then exit.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.01), help="Seconds between looks [ESTAFETA_SAGA_WATCH_INTERVAL]."
+)
+def watch_command(once: bool, interval: float | None) -> None:
+    """Re-send the commands of sagas past their deadline; compensate or fail those out of attempts.
+
+    Every `dramatiq actors` worker process already runs this watchdog; run it alone when
+    the workers run elsewhere. Several watchdogs at once are safe.
+    """
+    from actors import runtime
+    from actors.saga_watch import Watchdog
+
+    watchdog = Watchdog(runtime)
+    if once:
+        done = watchdog.check_once()
+        click.echo(", ".join(f"{k} {v}" for k, v in sorted(done.items())) or "nothing overdue")
+        return
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    watchdog.run(stop, interval)
+
+
+COMMANDS = [sagas_group]

@@ -1,0 +1,318 @@
+"""The saga store: saga rows, their transitions and their log, in the owning service's schema.
+
+Every function runs on the caller's connection, inside the caller's transaction (the
+orchestrator's step, the watchdog's or an operator's), so a transition commits or rolls
+back with the commands it sends.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from importlib import resources
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+_HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
+
+#: Statuses of a saga that is still waiting for a reply.
+LIVE = ("running", "compensating")
+#: Statuses a saga ends in.
+ENDED = ("completed", "compensated", "failed")
+
+
+@attrs.frozen
+class SagaTable:
+    """Where one kind of saga keeps its rows: ``<schema>.saga_<name>`` and ``<schema>.saga_<name>_log``."""
+
+    #: The owning service's schema (its outbox carries the saga's commands).
+    schema: str
+    #: The saga table.
+    table: str
+    #: The transition log.
+    log: str
+    #: The column holding the saga's key (``order_id``): the ordering key of its messages.
+    key: str
+
+
+@attrs.frozen
+class SagaRow:
+    """A saga's persisted state."""
+
+    saga_id: uuid.UUID
+    #: The value of the table's key column.
+    key: Any
+    status: str
+    current_step: str
+    #: The saga's data, as JSON.
+    payload: dict[str, Any]
+    #: What each completed action answered, by step name.
+    results: dict[str, Any]
+    #: The compensation plan (step names in the order they run), once compensating.
+    compensations: list[str] | None
+    #: Sends of the current command so far.
+    attempts: int
+    step_timeout: timedelta
+    deadline_at: datetime | None
+    started_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+    last_error: str | None
+    version: int
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> SagaRow:
+        """Build from a ``dict_row`` of the saga queries."""
+        return cls(**row)
+
+    @property
+    def live(self) -> bool:
+        """Whether the saga still waits for a reply."""
+        return self.status in LIVE
+
+
+@attrs.frozen
+class LogEntry:
+    """One transition of a saga."""
+
+    version: int
+    status: str
+    step: str
+    event: str
+    detail: str | None
+    at: datetime
+
+
+@functools.cache
+def _parsed() -> dict[str, str]:
+    text = resources.files(__package__).joinpath("sagas.sql").read_text(encoding="utf-8")
+    parts = _HEADER.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def names() -> list[str]:
+    """Every query name defined in ``sagas.sql``."""
+    return sorted(_parsed())
+
+
+@functools.cache
+def query(name: str, table: SagaTable) -> sql.Composed:
+    """The query ``name`` with the schema, table, log and key column of ``table`` bound as identifiers."""
+    try:
+        body = _parsed()[name]
+    except KeyError:
+        raise KeyError(f"no query named {name!r} in sql/sagas.sql") from None
+    return sql.SQL(body).format(
+        schema=sql.Identifier(table.schema),
+        table=sql.Identifier(table.table),
+        log=sql.Identifier(table.log),
+        key=sql.Identifier(table.key),
+    )
+
+
+def _one(conn: psycopg.Connection[Any], name: str, table: SagaTable, params: dict[str, Any]) -> SagaRow | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query(name, table), params)
+        row = cur.fetchone()
+    return SagaRow.from_row(row) if row else None
+
+
+def insert(
+    conn: psycopg.Connection[Any],
+    table: SagaTable,
+    *,
+    saga_id: uuid.UUID,
+    key: Any,
+    step: str,
+    payload: dict[str, Any],
+    step_timeout: timedelta,
+    wait: timedelta,
+) -> bool:
+    """Create a running saga waiting on ``step``; ``False`` if ``saga_id`` already exists."""
+    params = {
+        "saga_id": saga_id,
+        "key": key,
+        "step": step,
+        "payload": Jsonb(payload),
+        "step_timeout": step_timeout,
+        "wait": wait,
+    }
+    return conn.execute(query("insert_saga", table), params).rowcount == 1
+
+
+def get(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> SagaRow | None:
+    """The saga's row, unlocked (for reading)."""
+    return _one(conn, "get_saga", table, {"saga_id": saga_id})
+
+
+def lock(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> SagaRow | None:
+    """The saga's row, locked until the caller's transaction ends."""
+    return _one(conn, "lock_saga", table, {"saga_id": saga_id})
+
+
+def lock_overdue(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> SagaRow | None:
+    """The saga's row, locked, if it is live, past its deadline, and nobody else holds it."""
+    return _one(conn, "lock_overdue", table, {"saga_id": saga_id})
+
+
+def overdue(conn: psycopg.Connection[Any], table: SagaTable, limit: int) -> list[uuid.UUID]:
+    """Live sagas past their deadline, the most overdue first."""
+    return [row[0] for row in conn.execute(query("list_overdue", table), {"limit": limit}).fetchall()]
+
+
+def live(conn: psycopg.Connection[Any], table: SagaTable, limit: int) -> list[uuid.UUID]:
+    """Live sagas, the nearest deadline first."""
+    return [row[0] for row in conn.execute(query("list_live", table), {"limit": limit}).fetchall()]
+
+
+def transition(
+    conn: psycopg.Connection[Any],
+    table: SagaTable,
+    row: SagaRow,
+    *,
+    status: str,
+    step: str,
+    wait: timedelta,
+    results: dict[str, Any] | None = None,
+    compensations: Sequence[str] | None = None,
+    last_error: str | None = None,
+) -> SagaRow:
+    """Move ``row`` (read under its lock) to ``status`` waiting on ``step``; return the new row.
+
+    The version goes up by one, the attempt count restarts at 1 and the deadline at
+    ``now() + wait`` (none once the saga has ended). ``results`` and ``compensations``
+    default to the row's.
+    """
+    params = {
+        "saga_id": row.saga_id,
+        "version": row.version,
+        "status": status,
+        "step": step,
+        "results": Jsonb(row.results if results is None else results),
+        "compensations": row.compensations if compensations is None else list(compensations),
+        "last_error": last_error,
+        "wait": wait,
+    }
+    return _changed(conn, "transition", table, row, params)
+
+
+def record_resend(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, *, wait: timedelta) -> SagaRow:
+    """Count one more send of the current command and push the deadline to ``now() + wait``; return the new row."""
+    params = {"saga_id": row.saga_id, "version": row.version, "wait": wait}
+    return _changed(conn, "record_resend", table, row, params)
+
+
+def _changed(
+    conn: psycopg.Connection[Any], name: str, table: SagaTable, row: SagaRow, params: dict[str, Any]
+) -> SagaRow:
+    changed = _one(conn, name, table, params)
+    if changed is None:
+        raise RuntimeError(f"saga {row.saga_id} changed under its lock (version {row.version})")
+    return changed
+
+
+def log(
+    conn: psycopg.Connection[Any],
+    table: SagaTable,
+    *,
+    saga_id: uuid.UUID,
+    version: int,
+    status: str,
+    step: str,
+    event: str,
+    detail: str | None = None,
+) -> None:
+    """Append a transition to the saga's log."""
+    params = {
+        "saga_id": saga_id,
+        "version": version,
+        "status": status,
+        "step": step,
+        "event": event,
+        "detail": detail,
+    }
+    conn.execute(query("insert_log", table), params)
+
+
+def timeline(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> list[LogEntry]:
+    """Every logged transition of the saga, oldest first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("saga_log", table), {"saga_id": saga_id})
+        return [LogEntry(**row) for row in cur.fetchall()]
+
+
+def search(
+    conn: psycopg.Connection[Any], table: SagaTable, *, status: str | None, stuck: bool, limit: int
+) -> list[SagaRow]:
+    """Sagas, newest first: all, or those in ``status``, or (``stuck``) live ones past their deadline."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("list_sagas", table), {"status": status, "stuck": stuck, "limit": limit})
+        return [SagaRow.from_row(row) for row in cur.fetchall()]
+
+
+def of_key(conn: psycopg.Connection[Any], table: SagaTable, key: Any) -> list[uuid.UUID]:
+    """The sagas started for ``key`` (an order id), oldest first."""
+    return [row[0] for row in conn.execute(query("sagas_of_key", table), {"key": key}).fetchall()]
+
+
+def count_by_status(conn: psycopg.Connection[Any], table: SagaTable) -> dict[str, int]:
+    """How many sagas are in each status."""
+    return {str(s): int(n) for s, n in conn.execute(query("count_by_status", table)).fetchall()}
+
+
+@attrs.frozen
+class Latency:
+    """Start-to-end seconds of ended sagas."""
+
+    ended: int
+    p50: float | None
+    p99: float | None
+    #: Seconds from the first start to the last end.
+    span: float | None
+
+
+def latency(conn: psycopg.Connection[Any], table: SagaTable, saga_ids: Sequence[uuid.UUID]) -> Latency:
+    """Latency percentiles of the ended sagas among ``saga_ids``."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("latency", table), {"ids": list(saga_ids)})
+        row = cur.fetchone()
+    assert row is not None
+    return Latency(
+        ended=int(row["ended"]),
+        **{k: (float(row[k]) if row[k] is not None else None) for k in ("p50", "p99", "span")},
+    )
+
+
+def requeue_command(conn: psycopg.Connection[Any], schema: str, message_id: uuid.UUID) -> bool:
+    """Put the outbox row of ``message_id`` back in line if it is still there; ``False`` if it is not."""
+    table = SagaTable(schema, "outbox", "outbox", "id")
+    return conn.execute(query("requeue_command", table), {"message_id": message_id}).fetchone() is not None
+
+
+def dead_letter_reason(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> str | None:
+    """Why ``consumer`` parked ``message_id``, if it did."""
+    table = SagaTable(schema, "dead_letters", "dead_letters", "id")
+    params = {"consumer": consumer, "message_id": str(message_id)}
+    found = conn.execute(query("find_dead_letter", table), params).fetchone()
+    return str(found[0]) if found else None
+
+
+def count_ended(conn: psycopg.Connection[Any], table: SagaTable, saga_ids: Sequence[uuid.UUID]) -> int:
+    """How many of ``saga_ids`` have ended."""
+    found = conn.execute(query("count_ended", table), {"ids": list(saga_ids)}).fetchone()
+    return int(found[0]) if found else 0
+
+
+def outcomes(
+    conn: psycopg.Connection[Any], table: SagaTable, saga_ids: Sequence[uuid.UUID]
+) -> list[tuple[str, str | None]]:
+    """(status, last_error) of each of ``saga_ids``."""
+    return [(str(s), e) for s, e in conn.execute(query("outcomes", table), {"ids": list(saga_ids)}).fetchall()]

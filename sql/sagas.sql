@@ -1,0 +1,144 @@
+-- Named queries of the saga store, parsed once by sql/sagas.py. `{schema}` is the owning
+-- service's schema, `{table}` the saga table (saga_<name>), `{log}` its transition log
+-- and `{key}` its key column (order_id): all bound as identifiers, never as text.
+
+-- insert_saga --
+-- A saga id already there means this start was already done (a retried placement).
+INSERT INTO {schema}.{table}
+    (saga_id, {key}, status, current_step, payload, step_timeout, deadline_at)
+VALUES
+    (%(saga_id)s, %(key)s, 'running', %(step)s, %(payload)s, %(step_timeout)s::interval,
+     now() + %(wait)s::interval)
+ON CONFLICT (saga_id) DO NOTHING
+
+-- get_saga --
+SELECT saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+       step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+FROM {schema}.{table}
+WHERE saga_id = %(saga_id)s
+
+-- lock_saga --
+-- Replies, the watchdog and operators all go through this row lock: one transition at a time.
+SELECT saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+       step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+FROM {schema}.{table}
+WHERE saga_id = %(saga_id)s
+FOR UPDATE
+
+-- lock_overdue --
+-- The watchdog's claim: still live, still past its deadline, and not being handled by
+-- another watchdog or a reply right now (SKIP LOCKED: that one will move it on).
+SELECT saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+       step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+FROM {schema}.{table}
+WHERE saga_id = %(saga_id)s
+  AND status IN ('running', 'compensating')
+  AND deadline_at <= now()
+FOR UPDATE SKIP LOCKED
+
+-- list_overdue --
+SELECT saga_id
+FROM {schema}.{table}
+WHERE status IN ('running', 'compensating') AND deadline_at <= now()
+ORDER BY deadline_at
+LIMIT %(limit)s
+
+-- list_live --
+SELECT saga_id
+FROM {schema}.{table}
+WHERE status IN ('running', 'compensating')
+ORDER BY deadline_at
+LIMIT %(limit)s
+
+-- transition --
+-- Only from the version the caller read (it holds the row lock, so this is a check).
+UPDATE {schema}.{table}
+SET status = %(status)s::text,
+    current_step = %(step)s,
+    results = %(results)s,
+    compensations = %(compensations)s,
+    attempts = 1,
+    deadline_at = CASE WHEN %(status)s::text IN ('running', 'compensating')
+                       THEN now() + %(wait)s::interval END,
+    completed_at = CASE WHEN %(status)s::text IN ('running', 'compensating') THEN NULL ELSE now() END,
+    last_error = coalesce(%(last_error)s, last_error),
+    version = version + 1,
+    updated_at = now()
+WHERE saga_id = %(saga_id)s AND version = %(version)s
+RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+
+-- record_resend --
+UPDATE {schema}.{table}
+SET attempts = attempts + 1,
+    deadline_at = now() + %(wait)s::interval,
+    updated_at = now()
+WHERE saga_id = %(saga_id)s AND version = %(version)s
+RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+
+-- insert_log --
+INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
+VALUES (%(saga_id)s, %(version)s, %(status)s, %(step)s, %(event)s, %(detail)s)
+
+-- saga_log --
+SELECT version, status, step, event, detail, at
+FROM {schema}.{log}
+WHERE saga_id = %(saga_id)s
+ORDER BY id
+
+-- list_sagas --
+SELECT saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+       step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+FROM {schema}.{table}
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (NOT %(stuck)s OR (status IN ('running', 'compensating') AND deadline_at <= now()))
+ORDER BY started_at DESC
+LIMIT %(limit)s
+
+-- sagas_of_key --
+SELECT saga_id
+FROM {schema}.{table}
+WHERE {key} = %(key)s
+ORDER BY started_at
+
+-- count_by_status --
+SELECT status, count(*) AS count
+FROM {schema}.{table}
+GROUP BY status
+ORDER BY status
+
+-- latency --
+-- Seconds from start to end of the ended sagas among `ids`.
+SELECT count(*) AS ended,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)) AS p99,
+       extract(epoch FROM max(completed_at) - min(started_at)) AS span
+FROM {schema}.{table}
+WHERE saga_id = ANY(%(ids)s::uuid[]) AND completed_at IS NOT NULL
+
+-- requeue_command --
+-- A re-sent command whose first copy is still in the outbox: put that row back in line
+-- (it may have exhausted its publish attempts) instead of writing a second one.
+UPDATE {schema}.outbox
+SET status = 'pending', attempts = 0, available_at = now()
+WHERE message_id = %(message_id)s
+RETURNING id
+
+-- find_dead_letter --
+-- Why a participant parked a saga command (it will not answer that message id).
+SELECT reason
+FROM {schema}.dead_letters
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+ORDER BY id DESC
+LIMIT 1
+
+-- count_ended --
+SELECT count(*)
+FROM {schema}.{table}
+WHERE saga_id = ANY(%(ids)s::uuid[]) AND status IN ('completed', 'compensated', 'failed')
+
+-- outcomes --
+SELECT status, last_error
+FROM {schema}.{table}
+WHERE saga_id = ANY(%(ids)s::uuid[])

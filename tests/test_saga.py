@@ -1,0 +1,449 @@
+"""The saga engine, driven message by message: happy path, failures, replies, deadlines, operators."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import attrs
+import pytest
+
+from actors.order_saga import ORDER_SAGA
+from actors.runtime import Runtime
+from actors.saga import REPLIES, Saga, SagaError, SagaStep
+from actors.saga_watch import Watchdog
+from actors.step import Reply
+
+from .helpers import message_for, scalar
+from .shop import Courier, events, place, saga, seed
+
+CHARGE = "payments.charge_payment"
+REFUND = "payments.refund_payment"
+RESERVE = "inventory.reserve_stock"
+RELEASE = "inventory.release_stock"
+CONFIRM = "orders.confirm_order"
+CANCEL = "orders.cancel_order"
+NOTIFY = "notifications.notify_customer"
+REPLY = "orders.saga_order_reply"
+
+
+def balance(conn, customer: str = "c1") -> int:
+    return int(scalar(conn, "SELECT balance_cents FROM payments.accounts WHERE customer_id = %s", customer))
+
+
+def available(conn, sku: str = "s1") -> int:
+    return int(scalar(conn, "SELECT available FROM inventory.stock WHERE sku = %s", sku))
+
+
+def notified(conn, order_id: uuid.UUID) -> list[str]:
+    rows = conn.execute("SELECT kind FROM notifications.sent WHERE order_id = %s ORDER BY kind", (order_id,))
+    return [r[0] for r in rows.fetchall()]
+
+
+def order_status(conn, order_id: uuid.UUID) -> str:
+    return str(scalar(conn, "SELECT status FROM orders.orders WHERE order_id = %s", order_id))
+
+
+def snapshot(conn, saga_id: uuid.UUID) -> tuple[object, ...]:
+    """Everything a reply could change: the saga row, its log, and what waits in the outboxes."""
+    row = saga(conn, saga_id)
+    outboxes = sum(
+        scalar(conn, f"SELECT count(*) FROM {s}.outbox") for s in ("orders", "payments", "inventory", "notifications")
+    )
+    return row, len(events(conn, saga_id)), outboxes
+
+
+def overdue(seconds: float) -> None:
+    """Let a saga's deadline pass (its step timeout is ``seconds``)."""
+    time.sleep(seconds * 1.2)
+
+
+@pytest.fixture
+def courier(runtime: Runtime, conn) -> Courier:
+    return Courier(runtime, conn)
+
+
+@pytest.fixture
+def watchdog(runtime: Runtime) -> Watchdog:
+    return Watchdog(runtime, [ORDER_SAGA])
+
+
+# -- the happy path and the failure branches ---------------------------------------------
+
+
+def test_an_order_completes_with_every_step_once(runtime: Runtime, conn, courier: Courier) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    delivered = courier.run()
+    assert delivered == [
+        (CHARGE, "ok"), (REPLY, "ok"), (RESERVE, "ok"), (REPLY, "ok"),
+        (CONFIRM, "ok"), (REPLY, "ok"), (NOTIFY, "ok"), (REPLY, "ok"),
+    ]  # fmt: skip
+    row = saga(conn, placed.saga_id)
+    assert (row.status, row.last_error, row.deadline_at) == ("completed", None, None)
+    assert row.completed_at is not None
+    assert set(row.results) == {"charge_payment", "reserve_inventory", "confirm_order", "notify_customer"}
+    assert (balance(conn), available(conn)) == (7_000, 3)
+    assert order_status(conn, placed.order_id) == "confirmed"
+    assert notified(conn, placed.order_id) == ["confirmed"]
+    assert [e[0] for e in events(conn, placed.saga_id)] == ["started", "advanced", "advanced", "advanced", "completed"]
+
+
+def test_placing_an_order_is_one_transaction(runtime: Runtime, conn) -> None:
+    from actors.order_saga import place_order
+
+    with pytest.raises(RuntimeError), runtime.database("orders").transaction() as tx:
+        place_order(tx, customer_id="c1", sku="s1", quantity=1, amount_cents=100)
+        raise RuntimeError("the caller fails after placing")
+    assert scalar(conn, "SELECT count(*) FROM orders.orders") == 0
+    assert scalar(conn, "SELECT count(*) FROM orders.saga_order") == 0
+    assert scalar(conn, "SELECT count(*) FROM orders.outbox") == 0
+
+
+@pytest.mark.parametrize(
+    ("accounts", "reason"),
+    [({"c1": 1_000}, "insufficient funds: customer c1 has 1000 cents"), ({}, "customer c1 has no account")],
+)
+def test_a_refused_charge_cancels_the_order_and_tells_the_customer(
+    runtime: Runtime, conn, courier: Courier, accounts: dict[str, int], reason: str
+) -> None:
+    seed(runtime, accounts, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    delivered = courier.run()
+    assert [actor for actor, _ in delivered] == [CHARGE, REPLY, CANCEL, REPLY, NOTIFY, REPLY]
+    assert delivered[0] == (CHARGE, "failed")
+    row = saga(conn, placed.saga_id)
+    assert row.status == "compensated"
+    assert row.last_error is not None and row.last_error.startswith(f"charge_payment: {reason}")
+    assert row.compensations == ["place_order", "notify_cancellation"]
+    assert order_status(conn, placed.order_id) == "cancelled"
+    assert notified(conn, placed.order_id) == ["cancelled"]
+    assert scalar(conn, "SELECT count(*) FROM payments.payments") == 0
+    assert available(conn) == 5
+
+
+def test_missing_stock_compensates_the_completed_steps_in_reverse_order(
+    runtime: Runtime, conn, courier: Courier
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 1})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    delivered = courier.run()
+    assert [actor for actor, _ in delivered] == [
+        CHARGE, REPLY, RESERVE, REPLY, REFUND, REPLY, CANCEL, REPLY, NOTIFY, REPLY,
+    ]  # fmt: skip
+    row = saga(conn, placed.saga_id)
+    assert row.status == "compensated"
+    assert row.last_error == f"reserve_inventory: out of stock: 1 of s1 left, order {placed.order_id} needs 2"
+    assert [(e[0], e[2]) for e in events(conn, placed.saga_id)] == [
+        ("started", "charge_payment"),
+        ("advanced", "reserve_inventory"),
+        ("compensating", "charge_payment"),
+        ("undone", "place_order"),
+        ("undone", "notify_cancellation"),
+        ("compensated", "notify_cancellation"),
+    ]
+    assert (balance(conn), available(conn)) == (10_000, 1)
+    assert scalar(conn, "SELECT status FROM payments.payments WHERE order_id = %s", placed.order_id) == "refunded"
+    assert order_status(conn, placed.order_id) == "cancelled"
+    assert notified(conn, placed.order_id) == ["cancelled"]
+
+
+# -- replies: duplicate, stale, late -------------------------------------------------------
+
+
+def _advance_past_charge(runtime: Runtime, courier: Courier) -> tuple[uuid.UUID, object]:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    assert courier.deliver(courier.take(CHARGE)) == "ok"
+    reply = courier.take(REPLY)
+    assert courier.deliver(reply) == "ok"
+    return placed.saga_id, reply
+
+
+def test_a_duplicate_reply_is_absorbed_by_the_inbox(runtime: Runtime, conn, courier: Courier) -> None:
+    saga_id, reply = _advance_past_charge(runtime, courier)
+    before = snapshot(conn, saga_id)
+    assert courier.deliver(reply) == "duplicate"  # type: ignore[arg-type]
+    assert snapshot(conn, saga_id) == before
+
+
+def test_a_second_answer_to_the_same_command_changes_nothing(runtime: Runtime, conn, courier: Courier) -> None:
+    # The same reply under another message id: the participant answered a copy of the command.
+    saga_id, reply = _advance_past_charge(runtime, courier)
+    before = snapshot(conn, saga_id)
+    stale = REPLIES.labels("order", "stale")._value.get()
+    assert courier.deliver(attrs.evolve(reply, message_id=uuid.uuid4())) == "ok"  # type: ignore[misc]
+    assert snapshot(conn, saga_id) == before
+    assert REPLIES.labels("order", "stale")._value.get() == stale + 1
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"step": "reserve_inventory", "version": 1, "direction": "action"},  # an older version
+        {"step": "reserve_inventory", "version": 3, "direction": "action"},  # a version not reached
+        {"step": "charge_payment", "version": 2, "direction": "action"},  # another step
+        {"step": "reserve_inventory", "version": 2, "direction": "compensation"},  # the other direction
+    ],
+)
+def test_a_stale_reply_changes_nothing(runtime: Runtime, conn, courier: Courier, context: dict[str, object]) -> None:
+    saga_id, _ = _advance_past_charge(runtime, courier)
+    assert saga(conn, saga_id).version == 2
+    before = snapshot(conn, saga_id)
+    for ok in (True, False):
+        body = Reply(str(uuid.uuid4()), ok, {"saga": "order", "saga_id": str(saga_id), **context}, error="no")
+        message = message_for(REPLY, body)
+        assert courier.deliver(courier_row(message)) == "ok"
+    assert snapshot(conn, saga_id) == before
+
+
+def courier_row(message):  # type: ignore[no-untyped-def]
+    """An outbox row carrying ``message`` (as if a participant had written it)."""
+    from datetime import UTC, datetime
+
+    from sql.outbox import OutboxRow
+
+    return OutboxRow(
+        id=0,
+        message_id=uuid.UUID(message.message_id),
+        queue_name=message.queue_name,
+        actor_name=message.actor_name,
+        message={"args": list(message.args), "kwargs": {}, "options": message.options},
+        ordering_key=None,
+        saga_id=None,
+        created_at=datetime.now(UTC),
+        attempts=0,
+    )
+
+
+def test_a_reply_for_no_saga_is_dead_lettered(runtime: Runtime, conn, courier: Courier) -> None:
+    body = Reply(str(uuid.uuid4()), True, {"saga": "order", "saga_id": str(uuid.uuid4()), "step": "x", "version": 1})
+    assert courier.deliver(courier_row(message_for(REPLY, body))) == "failed"
+    assert "no order saga" in scalar(conn, "SELECT reason FROM orders.dead_letters")
+
+
+def _give_up_on_charge(conn, courier: Courier, watchdog: Watchdog, saga_id: uuid.UUID, timeout: float) -> None:
+    """Let every send of the charge go unanswered until the saga compensates it."""
+    for attempt in range(1, 4):
+        overdue(timeout * attempt)
+        assert watchdog.check_once() == ({"resent": 1} if attempt < 3 else {"compensating": 1})
+        while courier.pending(CHARGE):
+            courier.take(CHARGE)  # lost: the participant never sees it
+    assert saga(conn, saga_id).status == "compensating"
+
+
+@pytest.mark.parametrize("late_charge_arrives", ["before the refund", "after the refund"])
+def test_a_late_charge_after_the_saga_gave_up_is_undone_or_refused(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog, late_charge_arrives: str
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    late = courier.take(CHARGE)  # in flight somewhere, for longer than the saga waits
+    _give_up_on_charge(conn, courier, watchdog, placed.saga_id, 0.05)
+    assert saga(conn, placed.saga_id).compensations == ["charge_payment", "place_order", "notify_cancellation"]
+    if late_charge_arrives == "after the refund":
+        assert courier.deliver(courier.take(REFUND)) == "ok"
+        assert courier.deliver(courier.take(REPLY)) == "ok"
+        assert courier.deliver(late) == "failed"  # refused: the order was cancelled before it was charged
+    else:
+        assert courier.deliver(late) == "ok"
+    before = snapshot(conn, placed.saga_id)
+    assert courier.deliver(courier.take(REPLY)) == "ok"  # the late answer to the charge
+    assert snapshot(conn, placed.saga_id)[0] == before[0]
+    courier.run()
+    row = saga(conn, placed.saga_id)
+    assert row.status == "compensated"
+    assert row.last_error == "charge_payment: no reply after 3 attempt(s)"
+    assert balance(conn) == 10_000
+    assert scalar(conn, "SELECT status FROM payments.payments") == "refunded"
+
+
+# -- deadlines --------------------------------------------------------------------------
+
+
+def test_the_watchdog_sends_a_lost_command_again(runtime: Runtime, conn, courier: Courier, watchdog: Watchdog) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    lost = courier.take(CHARGE)
+    assert watchdog.check_once() == {}  # not yet past the deadline
+    overdue(0.05)
+    assert watchdog.check_once() == {"resent": 1}
+    (again,) = courier.pending(CHARGE)
+    # The same command and the same question (step, version), as a new message: a new attempt.
+    assert again.message_id != lost.message_id
+    assert again.message["args"] == lost.message["args"]
+    assert again.message["options"]["reply_to"] == lost.message["options"]["reply_to"]
+    courier.run()
+    row = saga(conn, placed.saga_id)
+    assert row.status == "completed"
+    assert ("resent", "running", "charge_payment") in events(conn, placed.saga_id)
+
+
+def test_each_send_keeps_its_message_id_so_copies_of_it_are_absorbed(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    (first,) = courier.pending(CHARGE)
+    with runtime.database("orders").transaction() as tx:
+        row = saga(tx, placed.saga_id)
+        assert ORDER_SAGA.target(row)[1] == first.message_id  # derived, not random: a retried write repeats it
+    assert courier.deliver(first) == "ok"
+    assert courier.deliver(first) == "duplicate"  # a relay re-publish or a broker redelivery
+    assert balance(conn) == 7_000
+
+
+def test_a_command_sent_again_after_it_took_effect_is_answered_again_without_taking_effect_twice(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    assert courier.deliver(courier.take(CHARGE)) == "ok"
+    stuck = courier.take(REPLY)  # the answer is stuck (a killed Redis worker had it prefetched)
+    overdue(0.05)
+    assert watchdog.check_once() == {"resent": 1}
+    assert courier.deliver(courier.take(CHARGE)) == "ok"  # found the payment: charged nothing more
+    assert courier.deliver(courier.take(REPLY)) == "ok"  # the second answer moves the saga on
+    assert saga(conn, placed.saga_id).current_step == "reserve_inventory"
+    before = snapshot(conn, placed.saga_id)
+    assert courier.deliver(stuck) == "ok"  # the first answer, late: stale now
+    assert snapshot(conn, placed.saga_id) == before
+    courier.run()
+    assert saga(conn, placed.saga_id).status == "completed"
+    assert balance(conn) == 7_000
+    assert scalar(conn, "SELECT count(*) FROM payments.payments") == 1
+
+
+def test_a_resent_command_still_in_the_outbox_is_put_back_in_line(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    conn.execute("UPDATE orders.outbox SET status = 'failed', attempts = 5, last_error = 'broker refused'")
+    overdue(0.05)
+    assert watchdog.check_once() == {"resent": 1}
+    rows = conn.execute("SELECT status, attempts FROM orders.outbox").fetchall()
+    assert rows == [("pending", 0)]
+
+
+def test_an_unanswered_step_is_compensated_itself_once_its_attempts_are_spent(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    courier.run(hold=frozenset({RESERVE}))
+    for attempt in range(1, 4):
+        overdue(0.05 * attempt)
+        watchdog.check_once()
+        while courier.pending(RESERVE):
+            courier.take(RESERVE)
+    row = saga(conn, placed.saga_id)
+    assert row.status == "compensating"
+    assert row.compensations == ["reserve_inventory", "charge_payment", "place_order", "notify_cancellation"]
+    courier.run()
+    row = saga(conn, placed.saga_id)
+    assert (row.status, row.last_error) == ("compensated", "reserve_inventory: no reply after 3 attempt(s)")
+    assert (balance(conn), available(conn)) == (10_000, 5)
+    # The release found nothing reserved and left a marker that refuses a late reservation.
+    assert conn.execute("SELECT status, quantity FROM inventory.reservations").fetchall() == [("released", 0)]
+
+
+def test_an_unanswered_step_past_the_point_of_no_return_fails_the_saga_until_resumed(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    courier.run(hold=frozenset({CONFIRM}))
+    for attempt in range(1, 4):
+        overdue(0.05 * attempt)
+        watchdog.check_once()
+        while courier.pending(CONFIRM):
+            courier.take(CONFIRM)
+    row = saga(conn, placed.saga_id)
+    assert (row.status, row.last_error) == ("failed", "confirm_order: no reply after 3 attempt(s)")
+    assert (balance(conn), available(conn)) == (7_000, 3)  # nothing compensated
+    with runtime.database("orders").transaction() as tx:
+        assert ORDER_SAGA.resume(tx, placed.saga_id) == "retrying"
+    courier.run()
+    assert saga(conn, placed.saga_id).status == "completed"
+    assert order_status(conn, placed.order_id) == "confirmed"
+
+
+# -- operators --------------------------------------------------------------------------
+
+
+def test_abort_compensates_a_running_saga_including_its_current_step(runtime: Runtime, conn, courier: Courier) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    courier.run(hold=frozenset({RESERVE}))
+    with runtime.database("orders").transaction() as tx:
+        ORDER_SAGA.abort(tx, placed.saga_id, "customer called")
+    courier.run()
+    row = saga(conn, placed.saga_id)
+    assert (row.status, row.last_error) == ("compensated", "aborted: customer called")
+    assert (balance(conn), available(conn)) == (10_000, 5)
+    with (
+        pytest.raises(SagaError, match="is compensated: nothing to abort"),
+        runtime.database("orders").transaction() as tx,
+    ):
+        ORDER_SAGA.abort(tx, placed.saga_id, "again")
+
+
+def test_abort_refuses_a_saga_past_its_point_of_no_return(runtime: Runtime, conn, courier: Courier) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    courier.run(hold=frozenset({CONFIRM}))
+    with pytest.raises(SagaError, match="past its point of no return"), runtime.database("orders").transaction() as tx:
+        ORDER_SAGA.abort(tx, placed.saga_id, "too late")
+
+
+def test_resume_sends_a_live_sagas_command_again_now_under_a_new_version(
+    runtime: Runtime, conn, courier: Courier
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    slow = courier.take(CHARGE)
+    with runtime.database("orders").transaction() as tx:
+        assert ORDER_SAGA.resume(tx, placed.saga_id) == "resent"
+    row = saga(conn, placed.saga_id)
+    assert (row.version, row.attempts, row.current_step) == (2, 1, "charge_payment")
+    (again,) = courier.pending(CHARGE)
+    assert again.message_id != slow.message_id
+    courier.run()
+    assert saga(conn, placed.saga_id).status == "completed"
+    assert courier.deliver(slow) == "ok"  # the slow first send: charged nothing more, its answer stale
+    courier.run()
+    assert saga(conn, placed.saga_id).version == 6
+    assert balance(conn) == 7_000
+
+
+def test_resume_refuses_an_ended_saga(runtime: Runtime, conn, courier: Courier) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    courier.run()
+    with (
+        pytest.raises(SagaError, match="is completed: nothing to resume"),
+        runtime.database("orders").transaction() as tx,
+    ):
+        ORDER_SAGA.resume(tx, placed.saga_id)
+
+
+# -- definitions ------------------------------------------------------------------------
+
+
+def _command(_state: object) -> object:
+    return object()
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ([SagaStep("a", _command), SagaStep("a", _command)], "step names must be unique"),
+        ([SagaStep("a", _command), SagaStep("b")], "only leading steps may lack an action"),
+        ([SagaStep("a")], "only leading steps may lack an action"),
+        ([SagaStep("a", _command, _command, retriable=True)], "a retriable step is past the point of no return"),
+    ],
+)
+def test_a_malformed_saga_is_refused_when_declared(steps: list[SagaStep], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Saga("malformed", service="orders", data=dict, key="order_id", steps=steps)
