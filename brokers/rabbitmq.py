@@ -256,8 +256,13 @@ class _Link:
         """Declare the queues; return why RabbitMQ refused, or ``None``."""
         done: list[str] = []
         channel = self.channel
+
+        def declared(_frame: Any) -> None:
+            done.append("ok")
+            self._poke()
+
         for name, arguments in declarations:
-            channel.queue_declare(name, durable=True, arguments=arguments, callback=lambda _f: done.append("ok"))
+            channel.queue_declare(name, durable=True, arguments=arguments, callback=declared)
         try:
             self._run(lambda: len(done) == len(declarations) or not channel.is_open, self.connect_timeout, "declares")
         except _Timeout as exc:
@@ -319,7 +324,9 @@ class _Link:
             if remaining <= 0:
                 raise _Timeout(f"no {what} within {timeout:g} s")
             self._until = until
-            timer = ioloop.call_later(remaining, ioloop.stop)
+            # Callbacks stop the loop as soon as ``until()`` holds; the short slice bounds
+            # what a callback that forgets to is worth.
+            timer = ioloop.call_later(min(remaining, 0.25), ioloop.stop)
             try:
                 ioloop.start()
             finally:
