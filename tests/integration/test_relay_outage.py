@@ -20,9 +20,7 @@ def rabbitmq_node() -> Iterator[tuple[str, Callable[..., None]]]:
         yield node
 
 
-def test_rows_wait_out_a_rabbitmq_outage_and_go_out_after_it(
-    rabbitmq_node, database_url, runtime, conn, tmp_path: Path
-):
+def test_rows_wait_out_a_rabbitmq_outage_and_go_out_after_it(rabbitmq_node, database_url, runtime, conn, tmp_path):
     url, rabbitmqctl = rabbitmq_node
     env = processes.service_env(database_url, url)
     relay = processes.relay(env, tmp_path)
