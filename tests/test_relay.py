@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -178,3 +179,34 @@ def test_retry_puts_a_failed_row_back_and_counts_from_zero(conn, runtime, stub_b
     assert store.retry_failed(conn, SCHEMA, failed["id"] + 1) == []
     assert store.retry_failed(conn, SCHEMA, failed["id"]) == [failed["id"]]
     assert scalar(conn, "SELECT attempts FROM pingpong.outbox") == 0
+
+
+def test_metrics_count_batches_and_read_the_outbox_when_scraped(conn, runtime, stub_broker, queue) -> None:
+    from prometheus_client import REGISTRY
+
+    from brokers import metrics
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name, {"service": SCHEMA}) or 0.0
+
+    before = {n: sample(n) for n in ("outbox_published_total", "outbox_publish_failed_total")}
+    latencies = sample("outbox_publish_latency_seconds_count")
+    relay = make_relay(runtime, stub_broker)
+    for seq in range(5):
+        add(conn, None, seq)
+    add(conn, "k", 0, queue="nowhere")
+    add(conn, "k", 1)
+    assert relay.drain_once() == 5
+    assert sample("outbox_published_total") - before["outbox_published_total"] == 5
+    assert sample("outbox_publish_failed_total") - before["outbox_publish_failed_total"] >= 1
+    assert sample("outbox_publish_latency_seconds_count") - latencies == 5
+    server = metrics.serve(0, relay.outboxes, "127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+    assert 'outbox_pending_count{service="pingpong"} 2.0' in text
+    assert 'outbox_failed_count{service="pingpong"} 0.0' in text
+    assert 'outbox_oldest_pending_age_seconds{service="pingpong"}' in text
+    assert 'outbox_publish_latency_seconds_bucket{le="0.1",service="pingpong"}' in text
