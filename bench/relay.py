@@ -36,11 +36,11 @@ TARGETS = {
 }
 
 
-def drain_rate(services: Services, broker: str, rows: int, processes: int = 1) -> float:
+def drain_rate(services: Services, broker: str, rows: int, processes: int = 1, *args: str) -> float:
     """Rows/s for ``processes`` relays to publish ``rows`` committed rows (all delivered, checked)."""
     url = services.amqp_url if broker == "rabbitmq" else services.redis_url
     queue = f"bench_drain_{broker}_{processes}"
-    with relays(services.env(url), processes), psycopg.connect(services.dsn, autocommit=True) as conn:
+    with relays(services.env(url), processes, *args), psycopg.connect(services.dsn, autocommit=True) as conn:
         warm_up(conn, queue)
         with conn.transaction():
             fill(conn, rows, queue)

@@ -30,7 +30,7 @@ from dramatiq.common import dq_name, xq_name
 
 from sql.outbox import OutboxRow
 
-from .publish import PublishOutcome, after_refusals, describe, to_message
+from .publish import PublishOutcome, after_refusals, describe, encode
 
 logger = logging.getLogger(__name__)
 
@@ -278,14 +278,18 @@ class _Link:
         """Send ``batch`` and wait until every row is acked or nacked (or the channel closes)."""
         self._batch = batch
         channel = self.channel
+        # What RabbitmqBroker.enqueue sets: persistent, and the message's broker priority.
+        properties = {None: pika.BasicProperties(delivery_mode=2)}
         try:
             for row in batch.rows:
-                message = to_message(row)
+                priority = row.message.get("options", {}).get("broker_priority")
+                if priority not in properties:
+                    properties[priority] = pika.BasicProperties(delivery_mode=2, priority=priority)
                 channel.basic_publish(
                     exchange="",
                     routing_key=row.queue_name,
-                    body=message.encode(),
-                    properties=pika.BasicProperties(delivery_mode=2, priority=message.options.get("broker_priority")),
+                    body=encode(row),
+                    properties=properties[priority],
                     mandatory=True,
                 )
                 self._next_tag += 1

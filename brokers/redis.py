@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from sql.outbox import OutboxRow
 
-from .publish import PublishOutcome, describe, to_message
+from .publish import PublishOutcome, describe, encode
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class RedisPublisher:
         for row in rows:
             # Each enqueued copy needs an id of its own in Redis (a retried message is
             # enqueued again), exactly as RedisBroker.enqueue does.
-            message = to_message(row).copy(options={"redis_message_id": str(uuid.uuid4())})
+            redis_message_id = str(uuid.uuid4())
             args = [
                 "enqueue",
                 timestamp,
@@ -97,8 +97,8 @@ class RedisPublisher:
                 broker.dead_message_ttl,
                 broker._should_do_maintenance("enqueue"),
                 max_unpack_size,
-                message.options["redis_message_id"],
-                message.encode(),
+                redis_message_id,
+                encode(row, redis_message_id=redis_message_id),
             ]
             dispatch(keys=[broker.namespace], args=args, client=pipe)
         return list(pipe.execute(raise_on_error=False))

@@ -70,6 +70,13 @@ def close_relay(relay: Relay) -> None:
     show_default=True,
     help="Seconds to wait for the broker to confirm a batch before treating it as unreachable.",
 )
+@click.option(
+    "--lanes",
+    type=click.IntRange(min=1, max=16),
+    default=2,
+    show_default=True,
+    help="Batches in flight at once (each lane is a relay of its own, with its own connections).",
+)
 @click.option("--service", "services", multiple=True, help="Only this service's outbox (repeatable).")
 @click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus metrics on this port.")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address the metrics server listens on.")
@@ -78,6 +85,7 @@ def relay_command(
     batch_size: int | None,
     poll_interval: float | None,
     confirm_timeout: float,
+    lanes: int,
     services: tuple[str, ...],
     metrics_port: int | None,
     metrics_host: str,
@@ -102,28 +110,49 @@ def relay_command(
         raise click.BadParameter(f"no service {unknown[0]!r}", param_hint="--service")
     # pika logs every timer at debug level; one line per batch is the relay's own job.
     logging.getLogger("pika").setLevel(max(logging.getLogger().level, logging.WARNING))
-    relay = build_relay(
-        runtime,
-        broker,
-        list(services),
-        batch_size=batch_size,
-        poll_interval=poll_interval,
-        confirm_timeout=confirm_timeout,
-    )
+    options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
+    relays = [build_relay(runtime, broker, list(services), **options) for _ in range(1 if once else lanes)]
     if metrics_port is not None:
         from brokers import metrics
 
-        metrics.serve(metrics_port, relay.outboxes, metrics_host)
+        metrics.serve(metrics_port, relays[0].outboxes, metrics_host)
     try:
         if once:
-            click.echo(f"published {relay.drain_once()}")
+            click.echo(f"published {relays[0].drain_once()}")
             return
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-        relay.run(stop)
+        run_lanes(relays, stop)
     finally:
-        close_relay(relay)
+        for relay in relays:
+            close_relay(relay)
+
+
+def run_lanes(relays: list[Relay], stop: threading.Event) -> None:
+    """Run ``relays`` side by side until ``stop``; a lane that crashes stops them all, and is re-raised.
+
+    Each lane claims its own batches, so one lane's database round trips overlap the
+    other's wait for broker confirms; per-key order holds across lanes as it does
+    across relay processes.
+    """
+    errors: list[BaseException] = []
+
+    def lane(relay: Relay) -> None:
+        try:
+            relay.run(stop)
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=lane, args=(r,), name=f"estafeta-relay-lane-{i}") for i, r in enumerate(relays)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)  # short joins: the main thread must stay free for signal handlers
+    if errors:
+        raise errors[0]
 
 
 COMMANDS = [relay_command]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
@@ -12,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from actors.runtime import Runtime
 from brokers.relay import Relay
@@ -210,3 +212,29 @@ def test_metrics_count_batches_and_read_the_outbox_when_scraped(conn, runtime, s
     assert 'outbox_failed_count{service="pingpong"} 0.0' in text
     assert 'outbox_oldest_pending_age_seconds{service="pingpong"}' in text
     assert 'outbox_publish_latency_seconds_bucket{le="0.1",service="pingpong"}' in text
+
+
+@pytest.mark.parametrize(("poll", "notify"), [(60.0, True), (0.2, False)], ids=["woken-by-notify", "found-by-poll"])
+def test_the_relay_is_woken_by_notify_and_polls_for_what_it_missed(conn, runtime, stub_broker, queue, poll, notify):
+    relay = make_relay(runtime, stub_broker, poll_interval=poll)
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        listening = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%%'"
+        wait_until(lambda: scalar(conn, listening) > 0)
+        time.sleep(0.3)  # past the drain every listener does when it (re)connects
+        if notify:
+            add(conn, "k", 0)
+        else:  # a lost wake-up: written without the NOTIFY, only the poll can find it
+            conn.execute(
+                "INSERT INTO pingpong.outbox (message_id, queue_name, actor_name, message, ordering_key)"
+                " VALUES (gen_random_uuid(), %s, %s, %s, 'k')",
+                (QUEUE, f"{QUEUE}.record", Jsonb({"args": [{"key": "k", "seq": 0}], "kwargs": {}, "options": {}})),
+            )
+        # With a 60 s poll, only the NOTIFY can explain a publish within seconds.
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=10)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert check_order(arrivals(drain_stub(stub_broker)), {"k": [0]}) == 0

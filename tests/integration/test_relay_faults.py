@@ -101,15 +101,16 @@ def test_listener_backend_terminated(database_url, amqp_url, runtime, conn, tmp_
     def outbox_empty() -> bool:
         return scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
 
-    with processes.running(processes.relay(env, tmp_path)):
-        wait_until(lambda: len(listener_pids()) == 1, timeout=30, what="the listener")
-        (old,) = listener_pids()
-        # Only the relay's own listener: found by its application_name in this run's database.
-        assert scalar(conn, "SELECT pg_terminate_backend(%s)", old)
+    with processes.running(processes.relay(env, tmp_path, "--lanes", "2")):
+        wait_until(lambda: len(listener_pids()) == 2, timeout=30, what="the listeners (one per lane)")
+        old = listener_pids()
+        # Only the relay's own listeners: found by their application_name in this run's database.
+        for pid in old:
+            assert scalar(conn, "SELECT pg_terminate_backend(%s)", pid)
         for seq in range(5):
             add(conn, "k", seq, queue=queue)
         wait_until(outbox_empty, timeout=2 + 3, what="the rows, within a poll interval")
-        wait_until(lambda: len(listener_pids() - {old}) == 1, timeout=10, what="the listener reconnected")
+        wait_until(lambda: len(listener_pids() - old) == 2, timeout=10, what="the listeners reconnected")
         add(conn, "k", 5, queue=queue)
         wait_until(outbox_empty, timeout=2 + 3)
     received = arrivals(read_queue(amqp_url, queue))
