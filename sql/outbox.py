@@ -95,11 +95,16 @@ def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[
     inside a transaction; the rows stay locked (invisible to other relays' claims) until
     it ends.
     """
-    heads = _claim(conn, "claim_heads", schema, {"limit": limit})
+    # Rows in id order, straight off the pending index: never "fetch every pending row
+    # and sort", which a planner without statistics (a backlog just written) would pick,
+    # checking each row's key every batch. SET LOCAL ends with the transaction.
+    conn.execute("SET LOCAL enable_sort = off")
+    window = max(4 * limit, 1000)
+    heads = _claim(conn, "claim_heads", schema, {"limit": limit, "window": window})
     keys = sorted({row.ordering_key for row in heads if row.ordering_key is not None})
     if not keys or len(heads) >= limit:
         return heads
-    params = {"keys": keys, "heads": [row.id for row in heads], "limit": limit - len(heads)}
+    params = {"keys": keys, "heads": [row.id for row in heads], "limit": limit - len(heads), "window": window}
     followers = _claim(conn, "claim_followers", schema, params)
     if not followers:
         return heads
