@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dramatiq
 import pika
 import pika.exceptions
 import pika.spec
@@ -184,9 +184,9 @@ class _Link:
         self.channel_close_reason: str | None = None
         self.last_used = 0.0
         self._next_tag = 0
+        self._confirming = False
         self._batch: _Batch | None = None
         self._until: Callable[[], bool] | None = None
-        self._events: list[str] = []
 
     # -- opening and closing -------------------------------------------------
 
@@ -278,22 +278,8 @@ class _Link:
         """Send ``batch`` and wait until every row is acked or nacked (or the channel closes)."""
         self._batch = batch
         channel = self.channel
-        # What RabbitmqBroker.enqueue sets: persistent, and the message's broker priority.
-        properties = {None: pika.BasicProperties(delivery_mode=2)}
         try:
-            for row in batch.rows:
-                priority = row.message.get("options", {}).get("broker_priority")
-                if priority not in properties:
-                    properties[priority] = pika.BasicProperties(delivery_mode=2, priority=priority)
-                channel.basic_publish(
-                    exchange="",
-                    routing_key=row.queue_name,
-                    body=encode(row),
-                    properties=properties[priority],
-                    mandatory=True,
-                )
-                self._next_tag += 1
-                batch.unsettled[self._next_tag] = row
+            self._send(channel, batch)
             self._run(lambda: not batch.unsettled or not channel.is_open, timeout, "publisher confirms")
         except _Timeout as exc:
             self.close()
@@ -310,6 +296,18 @@ class _Link:
             first = min(batch.unsettled)
             batch.failed[batch.unsettled[first].id] = f"RabbitMQ closed the channel: {self.channel_close_reason}"
             self.channel = None
+
+    def _send(self, channel: Any, batch: _Batch) -> None:
+        # What RabbitmqBroker.enqueue sets: persistent, and the message's broker priority;
+        # mandatory, so that a message no queue takes comes back instead of vanishing.
+        properties = {None: pika.BasicProperties(delivery_mode=2)}
+        for row in batch.rows:
+            priority = row.message.get("options", {}).get("broker_priority")
+            if priority not in properties:
+                properties[priority] = pika.BasicProperties(delivery_mode=2, priority=priority)
+            channel.basic_publish("", row.queue_name, encode(row), properties[priority], mandatory=True)
+            self._next_tag += 1
+            batch.unsettled[self._next_tag] = row
 
     # -- the I/O loop ---------------------------------------------------------
 
@@ -344,8 +342,6 @@ class _Link:
             self.connection.ioloop.stop()
 
     # -- callbacks -------------------------------------------------------------
-
-    _confirming = False
 
     def _on_event(self, *_: Any) -> None:
         self._poke()
@@ -386,8 +382,9 @@ class _Link:
         if self._batch is None:
             return
         try:
-            message_id = json.loads(body)["message_id"]
-        except (ValueError, KeyError, TypeError):
+            message_id = dramatiq.get_encoder().decode(body)["message_id"]
+        except Exception:  # not ours to judge: the row just stays counted as confirmed
+            logger.warning("relay: RabbitMQ returned a message the relay cannot decode")
             return
         self._batch.returned.add(str(message_id))
         logger.warning("relay: RabbitMQ returned a message for queue %r: %s", method.routing_key, method.reply_text)

@@ -172,14 +172,7 @@ class Relay:
         gives up and never drops a row. When ``stop`` is set, the batch in hand is
         finished (its rows are deleted or stay pending) and the relay returns.
         """
-        listeners = [
-            _Listener(dsn, self.wake, stop, self.config.poll_interval)
-            for dsn in sorted({o.database.dsn for o in self.outboxes})
-        ]
-        for listener in listeners:
-            listener.start()
-        # A stop must end the wait for a wake-up at once, not after a poll interval.
-        threading.Thread(target=self._wake_on, args=(stop,), name="estafeta-relay-stop", daemon=True).start()
+        listeners = self._start_listeners(stop)
         outage = 0.0
         try:
             while not stop.is_set():
@@ -200,6 +193,17 @@ class Relay:
             for listener in listeners:
                 listener.join(timeout=self.config.poll_interval + 5)
             self.publisher.close()
+
+    def _start_listeners(self, stop: threading.Event) -> list[threading.Thread]:
+        listeners = [
+            _Listener(dsn, self.wake, stop, self.config.poll_interval)
+            for dsn in sorted({o.database.dsn for o in self.outboxes})
+        ]
+        for listener in listeners:
+            listener.start()
+        # A stop must end the wait for a wake-up at once, not after a poll interval.
+        threading.Thread(target=self._wake_on, args=(stop,), name="estafeta-relay-stop", daemon=True).start()
+        return list(listeners)
 
     def _wake_on(self, stop: threading.Event) -> None:
         stop.wait()

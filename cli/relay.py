@@ -97,17 +97,8 @@ def relay_command(
     as its own process, never inside a Dramatiq worker.
     """
     from actors import broker, runtime, settings
-    from actors.services import all_services
 
-    if settings.broker_url.startswith("stub:"):
-        raise click.UsageError(
-            "ESTAFETA_BROKER_URL is stub://, which lives inside one process; "
-            "set amqp://... or redis://... (or use `estafeta demo`)"
-        )
-    known = {s.name for s in all_services()}
-    unknown = [name for name in services if name not in known]
-    if unknown:
-        raise click.BadParameter(f"no service {unknown[0]!r}", param_hint="--service")
+    _check(settings.broker_url, services)
     # pika logs every timer at debug level; one line per batch is the relay's own job.
     logging.getLogger("pika").setLevel(max(logging.getLogger().level, logging.WARNING))
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
@@ -127,6 +118,20 @@ def relay_command(
     finally:
         for relay in relays:
             close_relay(relay)
+
+
+def _check(broker_url: str, services: tuple[str, ...]) -> None:
+    from actors.services import all_services
+
+    if broker_url.startswith("stub:"):
+        raise click.UsageError(
+            "ESTAFETA_BROKER_URL is stub://, which lives inside one process; "
+            "set amqp://... or redis://... (or use `estafeta demo`)"
+        )
+    known = {s.name for s in all_services()}
+    unknown = [name for name in services if name not in known]
+    if unknown:
+        raise click.BadParameter(f"no service {unknown[0]!r}", param_hint="--service")
 
 
 def run_lanes(relays: list[Relay], stop: threading.Event) -> None:

@@ -108,20 +108,14 @@ def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[
     followers = _claim(conn, "claim_followers", schema, params)
     if not followers:
         return heads
-    # A follower whose key has an older row outside this batch (skipped because another
-    # relay locked it) must wait for that row.
-    held = {
-        row[0]
-        for row in conn.execute(
-            query("held_back", schema),
-            {
-                "ids": [r.id for r in followers],
-                "keys": [r.ordering_key for r in followers],
-                "batch": [r.id for r in heads] + [r.id for r in followers],
-            },
-        ).fetchall()
-    }
+    held = _held_back(conn, schema, followers, heads + followers)
     return sorted(heads + [row for row in followers if row.id not in held], key=lambda row: row.id)
+
+
+def _held_back(conn: psycopg.Connection[Any], schema: str, rows: list[OutboxRow], batch: list[OutboxRow]) -> set[int]:
+    """Those of ``rows`` whose key has an older row outside ``batch`` (skipped: someone else locked it)."""
+    params = {"ids": [r.id for r in rows], "keys": [r.ordering_key for r in rows], "batch": [r.id for r in batch]}
+    return {row[0] for row in conn.execute(query("held_back", schema), params).fetchall()}
 
 
 def _claim(conn: psycopg.Connection[Any], name: str, schema: str, params: dict[str, Any]) -> list[OutboxRow]:
