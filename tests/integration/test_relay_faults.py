@@ -12,6 +12,7 @@ import random
 import signal
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from actors.pingpong import Ping
 from ..helpers import now, scalar, wait_until
 from ..relay_support import add, arrivals, check_order
 from . import processes
-from .relay_faults import blackhole, read_queue, relay_waits_to_delete, unlocked_rows, with_port
+from .relay_faults import blackhole, free_port, read_queue, relay_waits_to_delete, unlocked_rows, with_port
 
 pytestmark = pytest.mark.integration
 
@@ -188,3 +189,24 @@ def test_sigterm_finishes_the_batch_in_hand_and_loses_nothing(broker_url, databa
     assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
     expected = {f"k{k}": list(range(k, 3000, 7)) for k in range(7)}
     assert check_order(arrivals(read_queue(broker_url, queue)), expected) == 0
+
+
+def test_relay_serves_metrics_and_logs_batches_without_payloads(database_url, redis_url, runtime, conn, tmp_path):
+    env = processes.service_env(database_url, redis_url)
+    port = free_port()
+    argv = [str(processes.BIN / "estafeta"), "-vv", "relay", "--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+    relay = processes.Process("relay", argv, env, tmp_path)
+    queue = f"relaycheck_{uuid.uuid4().hex[:8]}"
+    with processes.running(relay):
+        with conn.transaction():
+            for seq in range(3):
+                add(conn, "secret-key-hunter2", seq, queue=queue)
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=30)
+        wait_until(lambda: "published 3" in relay.output(), timeout=10, what="the batch's debug line")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        output = relay.output()
+    assert 'outbox_pending_count{service="pingpong"} 0.0' in text
+    assert 'outbox_published_total{service="pingpong"} 3.0' in text
+    assert "hunter2" not in output  # one line per batch, counts only: never a payload or key
+    read_queue(redis_url, queue)
