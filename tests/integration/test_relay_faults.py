@@ -110,10 +110,10 @@ def test_listener_backend_terminated(database_url, amqp_url, runtime, conn, tmp_
             assert scalar(conn, "SELECT pg_terminate_backend(%s)", pid)
         for seq in range(5):
             add(conn, "k", seq, queue=queue)
-        wait_until(outbox_empty, timeout=2 + 3, what="the rows, within a poll interval")
+        wait_until(outbox_empty, timeout=2 + 8, what="the rows, within a poll interval (and slack)")
         wait_until(lambda: len(listener_pids() - old) == 2, timeout=10, what="the listeners reconnected")
         add(conn, "k", 5, queue=queue)
-        wait_until(outbox_empty, timeout=2 + 3)
+        wait_until(outbox_empty, timeout=2 + 8)
     received = arrivals(read_queue(amqp_url, queue))
     assert check_order(received, {"k": list(range(6))}) == 0
 
