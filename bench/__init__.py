@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its figures beside baselines measured in the same run."""

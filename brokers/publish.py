@@ -1,9 +1,15 @@
-"""Publishing claimed outbox rows through a Dramatiq broker, and reporting what it confirmed."""
+"""Publishing claimed outbox rows through a broker, and reporting what it confirmed.
+
+A publisher gets a batch in id order and reports, per row, whether the broker confirmed
+it, refused it (the row's fault: it counts an attempt), or neither (the broker could
+not be reached, or the batch was cut short: the row stays pending, no attempt counted).
+Publishers never retry on their own; the relay claims the row again.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -17,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 @attrs.frozen
 class PublishOutcome:
-    """What became of a batch."""
+    """What became of a batch. Rows in neither list stay pending without counting an attempt."""
 
     #: Rows the broker confirmed: the relay deletes them.
     confirmed: list[int] = attrs.field(factory=list)
@@ -51,9 +57,35 @@ def to_message(row: OutboxRow) -> dramatiq.Message[Any]:
     )
 
 
+def encode(row: OutboxRow, **extra_options: Any) -> bytes:
+    """``to_message(row).encode()`` (plus ``extra_options``), the same bytes without building the message.
+
+    The fields go to Dramatiq's global encoder in ``Message.asdict()`` order, so the
+    body is exactly what ``broker.enqueue`` would have sent.
+    """
+    options = row.message.get("options", {})
+    return dramatiq.get_encoder().encode(
+        {
+            "queue_name": row.queue_name,
+            "actor_name": row.actor_name,
+            "args": tuple(row.message.get("args", ())),
+            "kwargs": row.message.get("kwargs", {}),
+            "options": {**options, **extra_options} if extra_options else options,
+            "message_id": str(row.message_id),
+            "message_timestamp": int(row.created_at.timestamp() * 1000),
+        }
+    )
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as one line for ``last_error`` and logs."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """Whether ``exc`` means the broker is unreachable (as opposed to refusing one message)."""
-    if isinstance(exc, dramatiq.errors.ConnectionError):
+    if isinstance(exc, dramatiq.errors.BrokerConnectionError):
         return True
     try:
         import redis
@@ -62,11 +94,30 @@ def is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
 
 
+def after_refusals(rows: Iterable[OutboxRow], refused: Iterable[int]) -> list[OutboxRow]:
+    """``rows`` minus the refused ones and every later row of a refused row's key.
+
+    A key's later rows must not overtake its refused row: they wait in the outbox
+    (no attempt counted) until it goes out.
+    """
+    refused = set(refused)
+    stopped: set[str] = set()
+    kept = []
+    for row in rows:
+        if row.id in refused or row.ordering_key in stopped:
+            if row.ordering_key is not None:
+                stopped.add(row.ordering_key)
+            continue
+        kept.append(row)
+    return kept
+
+
 class EnqueuePublisher:
     """Publishes through ``broker.enqueue``, one message at a time.
 
     Correct on every broker (RabbitMQ brokers built by ``broker_from_url`` wait for each
-    publisher confirm), but one round trip per message.
+    publisher confirm), but one round trip per message: the relay uses it for the
+    StubBroker, and for brokers it has no batched publisher for.
     """
 
     def __init__(self, broker: dramatiq.Broker) -> None:
@@ -81,10 +132,9 @@ class EnqueuePublisher:
             try:
                 self.broker.enqueue(to_message(row))
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}".strip()
                 if is_connection_error(exc):
-                    return attrs.evolve(outcome, broker_error=reason)
-                outcome.failed[row.id] = reason
+                    return attrs.evolve(outcome, broker_error=describe(exc))
+                outcome.failed[row.id] = describe(exc)
                 if row.ordering_key is not None:
                     stopped_keys.add(row.ordering_key)
             else:
@@ -95,6 +145,23 @@ class EnqueuePublisher:
         self.broker.close()
 
 
-def publisher_for(broker: dramatiq.Broker) -> Publisher:
-    """The fastest correct publisher for ``broker``."""
+def publisher_for(broker: dramatiq.Broker, **options: Any) -> Publisher:
+    """The fastest correct publisher for ``broker``.
+
+    RabbitMQ: a batch per round trip with publisher confirms outstanding
+    (:class:`brokers.rabbitmq.RabbitmqPublisher`); Redis: a pipelined batch
+    (:class:`brokers.redis.RedisPublisher`); anything else: ``broker.enqueue``.
+    ``options`` go to the batched publishers (``confirm_timeout``...).
+    """
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    from dramatiq.brokers.redis import RedisBroker
+
+    if isinstance(broker, RabbitmqBroker):
+        from .rabbitmq import RabbitmqPublisher
+
+        return RabbitmqPublisher.for_broker(broker, **options)
+    if isinstance(broker, RedisBroker):
+        from .redis import RedisPublisher
+
+        return RedisPublisher.for_broker(broker, **options)
     return EnqueuePublisher(broker)

@@ -34,7 +34,14 @@ def outbox_group() -> None:
 @_service_option
 @_json_option
 def stats_command(services: tuple[str, ...], as_json: bool) -> None:
-    """Pending and failed rows and the age of the oldest pending row, per service."""
+    """What waits in each service's outbox, how long the oldest has waited, and why it is stuck.
+
+    pending: not yet published (due, delayed or retrying); failed: out of attempts (see
+    `estafeta outbox failed`); retrying: refused by the broker, waiting for another try;
+    delayed: sent with a delay not yet over; blocked keys: ordering keys whose later
+    rows wait behind a failed row; oldest wait: the longest any row that should be out
+    by now has waited.
+    """
     from actors import runtime
 
     rows = {}
@@ -44,9 +51,17 @@ def stats_command(services: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({name: _asdict(s) for name, s in rows.items()}))
         return
-    click.echo(f"{'service':<15}{'pending':>10}{'failed':>10}{'oldest pending':>18}")
+    header = ("service", "pending", "failed", "retrying", "delayed", "blocked keys", "oldest wait")
+    click.echo(f"{header[0]:<15}" + "".join(f"{h:>14}" for h in header[1:]))
     for name, s in rows.items():
-        click.echo(f"{name:<15}{s.pending:>10}{s.failed:>10}{s.oldest_pending_age_seconds:>16.1f} s")
+        counts = (s.pending, s.failed, s.retrying, s.delayed, s.blocked_keys)
+        line = f"{name:<15}" + "".join(f"{n:>14}" for n in counts)
+        click.echo(f"{line}{s.oldest_pending_age_seconds:>12.1f} s")
+    for name, s in rows.items():
+        if s.oldest_error:
+            click.echo(f"{name}: oldest error: {s.oldest_error}")
+    if any(s.failed for s in rows.values()):
+        click.echo("failed rows: `estafeta outbox failed`; once the cause is fixed: `estafeta outbox retry --all`")
 
 
 @outbox_group.command("failed")
@@ -54,7 +69,7 @@ def stats_command(services: tuple[str, ...], as_json: bool) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @_json_option
 def failed_command(services: tuple[str, ...], limit: int, as_json: bool) -> None:
-    """Rows that exhausted their publish attempts, with their last error."""
+    """Rows that exhausted their publish attempts, with their last error (oldest first)."""
     from actors import runtime
 
     found = []
@@ -65,7 +80,10 @@ def failed_command(services: tuple[str, ...], limit: int, as_json: bool) -> None
         click.echo(json.dumps(found, default=str))
         return
     for row in found:
-        click.echo(f"{row['service']} #{row['id']} {row['actor_name']} attempts={row['attempts']}: {row['last_error']}")
+        key = f" key={row['ordering_key']}" if row["ordering_key"] else ""
+        click.echo(
+            f"{row['service']} #{row['id']} {row['actor_name']}{key} attempts={row['attempts']}: {row['last_error']}"
+        )
     if not found:
         click.echo("no failed rows")
 
@@ -75,18 +93,34 @@ def failed_command(services: tuple[str, ...], limit: int, as_json: bool) -> None
 @click.option("--all", "retry_all", is_flag=True, help="Every failed row.")
 @_service_option
 def retry_command(row_id: int | None, retry_all: bool, services: tuple[str, ...]) -> None:
-    """Put a failed row (ROW_ID) or --all failed rows back to pending."""
+    """Put a failed row (ROW_ID, as `estafeta outbox failed` shows it) or --all failed rows back to pending.
+
+    The row is published again with a fresh count of attempts; the rows of its key that
+    waited behind it follow it, in order.
+    """
     from actors import runtime
 
     if (row_id is None) == (not retry_all):
         raise click.UsageError("give a ROW_ID or --all (not both)")
+    names = _services(services)
+    if row_id is not None:
+        names = [name for name in names if _has_failed_row(runtime, name, row_id)]
+        if not names:
+            raise click.BadParameter(f"no failed outbox row {row_id}", param_hint="ROW_ID")
+        if len(names) > 1:
+            raise click.BadParameter(
+                f"failed row {row_id} exists in {' and '.join(names)}: add --service", param_hint="ROW_ID"
+            )
     total = 0
-    for name in _services(services):
+    for name in names:
         with runtime.database(name).connection() as conn:
             total += len(store.retry_failed(conn, name, row_id))
-    if row_id is not None and total == 0:
-        raise click.BadParameter(f"no failed outbox row {row_id}", param_hint="ROW_ID")
     click.echo(f"{total} row(s) back to pending")
+
+
+def _has_failed_row(runtime: Any, service: str, row_id: int) -> bool:
+    with runtime.database(service).connection() as conn:
+        return bool(store.list_failed(conn, service, 1, row_id))
 
 
 @outbox_group.command("dead-letters")

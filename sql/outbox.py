@@ -52,11 +52,14 @@ class OutboxRow:
     ordering_key: str | None
     saga_id: uuid.UUID | None
     created_at: datetime
+    #: Failed publishes so far.
     attempts: int
+    #: Seconds since the row was written, by the database's clock, when it was claimed.
+    age_seconds: float = 0.0
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> OutboxRow:
-        """Build from a ``dict_row`` of the ``claim_batch`` query."""
+        """Build from a ``dict_row`` of the claim queries."""
         return cls(**row)
 
 
@@ -84,25 +87,47 @@ def insert(conn: psycopg.Connection[Any], schema: str, message: OutgoingMessage)
 
 
 def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[OutboxRow]:
-    """Lock up to ``limit`` due rows that may be published now, in per-key commit order.
+    """Lock up to ``limit`` due rows that may be published now, in id order.
 
-    Must run inside a transaction; the rows stay locked (invisible to other relays'
-    claims) until it ends.
+    Per key, the rows returned are the key's oldest rows, contiguous, none of them behind
+    a row that failed, waits for a retry, or is held by another relay: publishing them
+    in the order returned keeps each key's commit order, whichever relays run. Must run
+    inside a transaction; the rows stay locked (invisible to other relays' claims) until
+    it ends.
     """
+    # Rows in id order, straight off the pending index: never "fetch every pending row
+    # and sort", which a planner without statistics (a backlog just written) would pick,
+    # checking each row's key every batch. SET LOCAL ends with the transaction.
+    conn.execute("SET LOCAL enable_sort = off")
+    window = max(4 * limit, 1000)
+    heads = _claim(conn, "claim_heads", schema, {"limit": limit, "window": window})
+    keys = sorted({row.ordering_key for row in heads if row.ordering_key is not None})
+    if not keys or len(heads) >= limit:
+        return heads
+    params = {"keys": keys, "heads": [row.id for row in heads], "limit": limit - len(heads), "window": window}
+    followers = _claim(conn, "claim_followers", schema, params)
+    if not followers:
+        return heads
+    held = _held_back(conn, schema, followers, heads + followers)
+    return sorted(heads + [row for row in followers if row.id not in held], key=lambda row: row.id)
+
+
+def _held_back(conn: psycopg.Connection[Any], schema: str, rows: list[OutboxRow], batch: list[OutboxRow]) -> set[int]:
+    """Those of ``rows`` whose key has an older row outside ``batch`` (skipped: someone else locked it)."""
+    params = {"ids": [r.id for r in rows], "keys": [r.ordering_key for r in rows], "batch": [r.id for r in batch]}
+    return {row[0] for row in conn.execute(query("held_back", schema), params).fetchall()}
+
+
+def _claim(conn: psycopg.Connection[Any], name: str, schema: str, params: dict[str, Any]) -> list[OutboxRow]:
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query("claim_batch", schema), {"limit": limit})
-        claimed = [OutboxRow.from_row(row) for row in cur.fetchall()]
-    keyed = [row for row in claimed if row.ordering_key is not None]
-    if not keyed:
-        return claimed
-    held = {
-        row[0]
-        for row in conn.execute(
-            query("held_back", schema),
-            {"ids": [r.id for r in claimed], "keys": [r.ordering_key for r in claimed]},
-        ).fetchall()
-    }
-    return [row for row in claimed if row.id not in held]
+        cur.execute(query(name, schema), params)
+        return [OutboxRow.from_row(row) for row in cur.fetchall()]
+
+
+def seconds_until_next_due(conn: psycopg.Connection[Any], schema: str) -> float | None:
+    """Seconds until the next delayed or backing-off row becomes due; ``None`` if there is none."""
+    row = conn.execute(query("next_due", schema)).fetchone()
+    return None if row is None or row[0] is None else max(float(row[0]), 0.0)
 
 
 def delete_published(conn: psycopg.Connection[Any], schema: str, ids: Sequence[int]) -> None:
@@ -136,24 +161,37 @@ def retry_failed(conn: psycopg.Connection[Any], schema: str, row_id: int | None 
     return [int(r[0]) for r in rows]
 
 
-def list_failed(conn: psycopg.Connection[Any], schema: str, limit: int = 100) -> list[dict[str, Any]]:
-    """Failed rows with their last error, oldest first."""
+def list_failed(
+    conn: psycopg.Connection[Any], schema: str, limit: int = 100, row_id: int | None = None
+) -> list[dict[str, Any]]:
+    """Failed rows (all, or the one with ``row_id``) with their last error, oldest first."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query("list_failed", schema), {"limit": limit})
+        cur.execute(query("list_failed", schema), {"limit": limit, "id": row_id})
         return cur.fetchall()
 
 
 @attrs.frozen
 class OutboxStats:
-    """What is waiting in one outbox."""
+    """What is waiting in one outbox, and why."""
 
+    #: Rows not yet published (due, delayed or waiting for a retry).
     pending: int
+    #: Rows that exhausted their attempts; ``estafeta outbox retry`` puts them back.
     failed: int
+    #: Pending rows the broker refused at least once, waiting for their next attempt.
+    retrying: int
+    #: Pending rows sent with a delay that is not over yet.
+    delayed: int
+    #: Ordering keys stopped behind a failed row (their later rows wait for it).
+    blocked_keys: int
+    #: How long the longest-waiting row that should be out by now has waited.
     oldest_pending_age_seconds: float
+    #: The last error of the oldest row that has one (why things are stuck).
+    oldest_error: str | None
 
 
 def stats(conn: psycopg.Connection[Any], schema: str) -> OutboxStats:
-    """Pending and failed counts and the age of the oldest pending row."""
+    """Counts of what is waiting, the age of the longest wait, and the oldest error."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query("outbox_stats", schema))
         row = cur.fetchone()

@@ -8,27 +8,62 @@ VALUES
     (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
      now() + %(delay)s::interval)
 
--- claim_batch --
--- The oldest due rows, skipping rows another relay holds, and skipping every row whose
--- key is blocked by an older row that failed or waits for its retry: a stuck key must
--- not fill every batch with rows that cannot go out.
-SELECT id, message_id, queue_name, actor_name, message, ordering_key, saga_id, created_at, attempts
-FROM {schema}.outbox AS o
+-- claim_heads --
+-- The oldest due rows that head their key (no older row of the same key is left, other
+-- than a delayed one that was never attempted), skipping rows another relay holds.
+-- Holding a key's head row is what gives a relay that key: another relay cannot claim
+-- the head while it is locked, and the key's later rows are not heads while it exists.
+-- A key whose head failed or waits for a retry has no head: only that key stops.
+-- Only the first %(window)s due rows are looked at: the plan is then an index scan in id
+-- order whatever the statistics say (a freshly filled outbox has none, and the planner
+-- would otherwise check every pending row, every batch).
+SELECT o.id, o.message_id, o.queue_name, o.actor_name, o.message, o.ordering_key, o.saga_id, o.created_at,
+       o.attempts, extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_seconds
+FROM (SELECT id FROM {schema}.outbox
+      WHERE status = 'pending' AND available_at <= now()
+      ORDER BY id
+      LIMIT %(window)s) AS due
+JOIN {schema}.outbox AS o ON o.id = due.id
 WHERE o.status = 'pending'
   AND o.available_at <= now()
   AND (o.ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.outbox AS older
         WHERE older.ordering_key = o.ordering_key
           AND older.id < o.id
-          AND (older.status = 'failed' OR older.available_at > now())))
+          AND NOT (older.status = 'pending' AND older.attempts = 0 AND older.available_at > now())))
+ORDER BY o.id
+LIMIT %(limit)s
+FOR UPDATE OF o SKIP LOCKED
+
+-- claim_followers --
+-- More due rows of the keys whose heads this relay holds, in id order, stopping each key
+-- at its first row that failed or waits for a retry: one busy key fills a batch instead
+-- of going out one row per round trip. The same window as claim_heads.
+SELECT o.id, o.message_id, o.queue_name, o.actor_name, o.message, o.ordering_key, o.saga_id, o.created_at,
+       o.attempts, extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_seconds
+FROM (SELECT id FROM {schema}.outbox
+      WHERE status = 'pending' AND available_at <= now()
+      ORDER BY id
+      LIMIT %(window)s) AS due
+JOIN {schema}.outbox AS o ON o.id = due.id
+WHERE o.status = 'pending'
+  AND o.available_at <= now()
+  AND o.ordering_key = ANY(%(keys)s::text[])
+  AND o.id <> ALL(%(heads)s::bigint[])
+  AND NOT EXISTS (
+        SELECT 1 FROM {schema}.outbox AS older
+        WHERE older.ordering_key = o.ordering_key
+          AND older.id < o.id
+          AND (older.status = 'failed' OR (older.attempts > 0 AND older.available_at > now())))
 ORDER BY o.id
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED
 
 -- held_back --
--- Rows of the claimed batch that must wait: an older row of the same key exists outside
--- the batch (another relay holds it, or it is not due yet). Publishing them now would
--- overtake it.
+-- Claimed rows that must wait after all: an older row of the same key exists outside the
+-- batch (another relay holds it; a transaction that overlapped ours committed it late).
+-- Publishing them now would overtake it. Delayed rows never attempted do not count: a
+-- delayed row takes its place in its key's order when it becomes due.
 SELECT b.id
 FROM unnest(%(ids)s::bigint[], %(keys)s::text[]) AS b(id, ordering_key)
 WHERE b.ordering_key IS NOT NULL
@@ -36,7 +71,8 @@ WHERE b.ordering_key IS NOT NULL
         SELECT 1 FROM {schema}.outbox AS older
         WHERE older.ordering_key = b.ordering_key
           AND older.id < b.id
-          AND older.id <> ALL(%(ids)s::bigint[]))
+          AND older.id <> ALL(%(batch)s::bigint[])
+          AND NOT (older.status = 'pending' AND older.attempts = 0 AND older.available_at > now()))
 
 -- delete_published --
 DELETE FROM {schema}.outbox WHERE id = ANY(%(ids)s::bigint[])
@@ -49,6 +85,12 @@ SET attempts = attempts + 1,
     available_at = now() + %(backoff)s::interval
 WHERE id = ANY(%(ids)s::bigint[])
 
+-- next_due --
+-- Seconds until the next pending row that is not due yet becomes due (NULL: none).
+SELECT extract(epoch FROM min(available_at) - now())::float8
+FROM {schema}.outbox
+WHERE status = 'pending' AND available_at > now()
+
 -- retry_failed --
 UPDATE {schema}.outbox
 SET status = 'pending', attempts = 0, available_at = now()
@@ -56,17 +98,25 @@ WHERE status = 'failed' AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
 RETURNING id
 
 -- list_failed --
-SELECT id, message_id, actor_name, ordering_key, attempts, last_error, created_at
+SELECT id, message_id, queue_name, actor_name, ordering_key, attempts, last_error, created_at
 FROM {schema}.outbox
-WHERE status = 'failed'
+WHERE status = 'failed' AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
 ORDER BY id
 LIMIT %(limit)s
 
 -- outbox_stats --
+-- "Waiting since": a row never attempted waits from when it became due (its delay
+-- over); a row being retried waits from its creation, so a stuck row keeps ageing.
 SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'failed') AS failed,
-       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
-           AS oldest_pending_age_seconds
+       count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
+       count(*) FILTER (WHERE status = 'pending' AND attempts = 0 AND available_at > now()) AS delayed,
+       count(DISTINCT ordering_key) FILTER (WHERE status = 'failed') AS blocked_keys,
+       coalesce(extract(epoch FROM now() - min(CASE WHEN attempts = 0 THEN available_at ELSE created_at END)
+                FILTER (WHERE status = 'pending' AND (attempts > 0 OR available_at <= now()))), 0)::float8
+           AS oldest_pending_age_seconds,
+       (SELECT last_error FROM {schema}.outbox
+        WHERE last_error IS NOT NULL ORDER BY id LIMIT 1) AS oldest_error
 FROM {schema}.outbox
 
 -- record_inbox --

@@ -92,4 +92,5 @@ def test_outbox_stats_json_lists_every_service(env: dict[str, str], runtime) -> 
     result = run(env, "outbox", "stats", "--json")
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
-    assert stats["pingpong"] == {"pending": 0, "failed": 0, "oldest_pending_age_seconds": 0.0}
+    assert set(stats) >= {"pingpong", "orders", "payments", "inventory", "notifications"}
+    assert stats["pingpong"]["pending"] == 0 and stats["pingpong"]["failed"] == 0

@@ -1,0 +1,226 @@
+"""What the relay benchmark runs on: a scratch database, a RabbitMQ vhost and a Redis namespace
+of its own, outbox rows, and ``estafeta relay`` processes.
+
+Nothing shared is touched: the database, vhost and namespace are created for the run and
+removed afterwards, so the benchmark can run beside other people's test suites (its
+figures are then noisy, and it says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
+for _var, _default in (("PGHOST", "127.0.0.1"), ("PGPORT", "5432"), ("PGUSER", "postgres"), ("PGDATABASE", "test")):
+    os.environ.setdefault(_var, _default)
+
+#: The outbox the benchmark fills (the ping service's, present in every deployment).
+SCHEMA = "pingpong"
+
+_FILL = """
+INSERT INTO pingpong.outbox (message_id, queue_name, actor_name, message, ordering_key)
+SELECT gen_random_uuid(), %(queue)s, %(queue)s || '.record',
+       jsonb_build_object(
+           'args', jsonb_build_array(jsonb_build_object(
+               'order_id', gen_random_uuid()::text, 'amount_cents', i, 'sent_at', now()::text)),
+           'kwargs', '{}'::jsonb,
+           'options', jsonb_build_object(
+               'traceparent', '00-' || md5(i::text) || '-' || left(md5(i::text), 16) || '-01')),
+       'order-' || (i %% %(keys)s)
+FROM generate_series(1, %(rows)s) AS i
+"""
+
+
+@attrs.frozen
+class Services:
+    """The run's own database (DSN), RabbitMQ URL (own vhost) and Redis URL (own namespace)."""
+
+    dsn: str
+    amqp_url: str
+    redis_url: str
+
+    def env(self, broker_url: str, **extra: str) -> dict[str, str]:
+        """The environment of an ``estafeta`` process of this run."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
+        return {**env, "ESTAFETA_DATABASE_URL": self.dsn, "ESTAFETA_BROKER_URL": broker_url, **extra}
+
+
+def _admin(dbname: str | None = None) -> str:
+    return psycopg.conninfo.make_conninfo(
+        host=os.environ["PGHOST"],
+        port=os.environ["PGPORT"],
+        user=os.environ["PGUSER"],
+        dbname=dbname or os.environ["PGDATABASE"],
+    )
+
+
+@contextlib.contextmanager
+def services() -> Iterator[Services]:
+    """Create the run's database (migrated), vhost and namespace; remove them afterwards."""
+    run = f"estafeta_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(_admin(), autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(run)))
+        try:
+            dsn = _admin(run)
+            with _vhost(run) as amqp_url:
+                redis_url = REDIS_URL + ("&" if "?" in REDIS_URL else "?") + f"namespace={run}"
+                found = Services(dsn, amqp_url, redis_url)
+                migrated = subprocess.run(
+                    [str(BIN / "estafeta"), "migrate"], cwd=ROOT, env=found.env("stub://"), capture_output=True
+                )
+                if migrated.returncode:
+                    raise SystemExit(f"estafeta migrate failed: {migrated.stderr.decode().strip()}")
+                try:
+                    yield found
+                finally:
+                    _drop_namespace(redis_url, run)
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(run)))
+
+
+@contextlib.contextmanager
+def _vhost(name: str) -> Iterator[str]:
+    ctl = shutil.which("rabbitmqctl")
+    if not ctl or "BENCH_AMQP_URL" in os.environ:
+        yield AMQP_URL
+        return
+    user = urlsplit(AMQP_URL).username or "guest"
+    subprocess.run([ctl, "-q", "add_vhost", name], check=True, capture_output=True)
+    try:
+        subprocess.run([ctl, "-q", "set_permissions", "-p", name, user, ".*", ".*", ".*"], check=True)
+        yield urlunsplit(urlsplit(AMQP_URL)._replace(path="/" + name))
+    finally:
+        subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True)
+
+
+def _drop_namespace(redis_url: str, namespace: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(f"{namespace}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+def fill(conn: psycopg.Connection[Any], rows: int, queue: str, keys: int = 1000) -> None:
+    """Write ``rows`` outbox rows for ``queue`` (``keys`` ordering keys, interleaved); commit to publish."""
+    conn.execute(_FILL, {"rows": rows, "queue": queue, "keys": keys})  # type: ignore[arg-type]
+    conn.execute("SELECT pg_notify('estafeta_outbox', 'pingpong')")
+
+
+def outbox_count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM pingpong.outbox").fetchone()
+    return int(row[0]) if row else 0
+
+
+class RelayProcess:
+    """An ``estafeta relay`` process of the run."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.popen = subprocess.Popen(
+            [str(BIN / "estafeta"), "relay", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def rss_bytes(self) -> int:
+        """The process's resident set size now."""
+        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        if self.popen.returncode:
+            error = self.popen.stderr.read().decode() if self.popen.stderr else ""
+            raise SystemExit(f"estafeta relay exited with {self.popen.returncode}: {error.strip()[-2000:]}")
+
+
+@contextlib.contextmanager
+def relays(env: dict[str, str], count: int = 1, *args: str) -> Iterator[list[RelayProcess]]:
+    """``count`` relays, stopped (SIGTERM) when the block ends."""
+    started = [RelayProcess(env, *args) for _ in range(count)]
+    try:
+        yield started
+    finally:
+        for relay in started:
+            relay.stop()
+
+
+def wait_empty(conn: psycopg.Connection[Any], timeout: float = 600) -> float:
+    """Wait until the outbox is empty; return when (``perf_counter``)."""
+    deadline = time.monotonic() + timeout
+    while outbox_count(conn):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the outbox did not drain within {timeout:g} s")
+        time.sleep(0.01)
+    return time.perf_counter()
+
+
+def warm_up(conn: psycopg.Connection[Any], queue: str, rows: int = 1) -> None:
+    """Committed rows, drained: the relays are connected and the queue is declared."""
+    with conn.transaction():
+        fill(conn, rows, queue)
+    wait_empty(conn, timeout=120)
+
+
+def machine(dsn: str, amqp_url: str) -> dict[str, Any]:
+    """What the figures were measured on."""
+    import pika
+    import redis
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    pg = row[0] if row else "?"
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    rabbit = connection._impl.server_properties.get("version", b"?")
+    connection.close()
+    client = redis.Redis.from_url(REDIS_URL)
+    redis_version = client.info("server").get("redis_version", "?")
+    client.close()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "postgresql": pg,
+        "rabbitmq": rabbit.decode() if isinstance(rabbit, bytes) else str(rabbit),
+        "redis": redis_version,
+        "python": platform.python_version(),
+    }

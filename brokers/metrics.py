@@ -1,0 +1,91 @@
+"""Prometheus metrics of the relay (``estafeta relay --metrics-port``).
+
+Counters and the latency histogram are updated per batch. The outbox gauges
+(pending, failed, oldest pending age) are read from PostgreSQL when Prometheus scrapes,
+so they show what is in the tables, whichever relay (or none) is draining them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sql import outbox as store
+
+if TYPE_CHECKING:
+    from .relay import Outbox
+
+logger = logging.getLogger(__name__)
+
+#: Rows the broker confirmed (and the relay deleted), per service.
+PUBLISHED = Counter("outbox_published", "Outbox rows published and confirmed by the broker", ["service"])
+#: Publish attempts the broker refused (each counts against the row's attempts), per service.
+PUBLISH_FAILED = Counter("outbox_publish_failed", "Outbox rows the broker refused (one per attempt)", ["service"])
+#: Batches that found the broker unreachable (their rows stayed pending), per service.
+BROKER_UNAVAILABLE = Counter(
+    "outbox_broker_unavailable", "Batches left pending because the broker was unreachable", ["service"]
+)
+#: From the row's creation (its transaction's start) to the broker's confirm.
+PUBLISH_LATENCY = Histogram(
+    "outbox_publish_latency_seconds",
+    "Seconds from an outbox row's creation (transaction start) to the broker's confirm",
+    ["service"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+)
+
+
+class OutboxCollector(Collector):
+    """Pending, failed and oldest-pending-age gauges per service, read at scrape time."""
+
+    def __init__(self, outboxes: Sequence[Outbox] = ()) -> None:
+        self.outboxes = list(outboxes)
+
+    def describe(self) -> Iterator[Any]:
+        # Declared without querying: the registry would otherwise call collect() to learn the names.
+        yield from self._families()
+
+    def collect(self) -> Iterator[Any]:
+        pending, failed, oldest = self._families()
+        for outbox in self.outboxes:
+            try:
+                with outbox.database.connection() as conn:
+                    stats = store.stats(conn, outbox.schema)
+            except Exception as exc:  # a scrape must not fail because one database is down
+                logger.warning("metrics: no outbox stats for %s: %s", outbox.schema, exc)
+                continue
+            pending.add_metric([outbox.schema], stats.pending)
+            failed.add_metric([outbox.schema], stats.failed)
+            oldest.add_metric([outbox.schema], stats.oldest_pending_age_seconds)
+        yield from (pending, failed, oldest)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        pending = GaugeMetricFamily("outbox_pending_count", "Outbox rows not yet published", labels=["service"])
+        failed = GaugeMetricFamily(
+            "outbox_failed_count",
+            "Outbox rows that exhausted their attempts (estafeta outbox retry)",
+            labels=["service"],
+        )
+        oldest = GaugeMetricFamily(
+            "outbox_oldest_pending_age_seconds",
+            "How long the longest-waiting row that should be published by now has waited",
+            labels=["service"],
+        )
+        return pending, failed, oldest
+
+
+#: The one collector of this process (registered once; ``serve`` points it at the outboxes).
+COLLECTOR = OutboxCollector()
+REGISTRY.register(COLLECTOR)
+
+
+def serve(port: int, outboxes: Sequence[Outbox], addr: str = "0.0.0.0") -> Any:
+    """Serve ``/metrics`` on ``addr:port`` in a daemon thread; return the HTTP server."""
+    COLLECTOR.outboxes = list(outboxes)
+    server, _thread = start_http_server(port, addr=addr)
+    return server

@@ -1,0 +1,122 @@
+"""Helpers of the relay fault tests: a broker that never answers, a private RabbitMQ node, queue reading."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import psycopg
+
+from brokers import broker_from_url
+
+from ..services import require
+
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def blackhole() -> Iterator[int]:
+    """A port whose TCP handshake succeeds (the kernel's backlog) and that never says a word."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield int(sock.getsockname()[1])
+
+
+def with_port(url: str, port: int) -> str:
+    """``url`` pointing at ``port`` on 127.0.0.1 instead."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    user = f"{parts.username}:{parts.password}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+
+
+@contextlib.contextmanager
+def private_rabbitmq() -> Iterator[tuple[str, Callable[..., None]]]:
+    """A RabbitMQ node of this test's own (never the shared one): its URL and its ``rabbitmqctl``."""
+    server, ctl = RABBITMQ_BIN / "rabbitmq-server", RABBITMQ_BIN / "rabbitmqctl"
+    require("RabbitMQ (a private node)", server.exists() and ctl.exists(), f"no {server}")
+    home = Path(tempfile.mkdtemp(prefix="estafeta-rabbit-"))
+    port, dist_port = free_port(), free_port()
+    node = f"estafeta-{uuid.uuid4().hex[:8]}@localhost"
+    (home / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n")
+    (home / "enabled_plugins").write_text("[].\n")
+    (home / "env.conf").write_text("")
+    env = {
+        **os.environ,
+        "HOME": str(home),  # its own Erlang cookie
+        "RABBITMQ_NODENAME": node,
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "RABBITMQ_MNESIA_BASE": str(home / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(home / "log"),
+        "RABBITMQ_CONFIG_FILE": str(home / "rabbitmq.conf"),
+        "RABBITMQ_CONF_ENV_FILE": str(home / "env.conf"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(home / "enabled_plugins"),
+        "RABBITMQ_PID_FILE": str(home / "pid"),
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+    }
+
+    def rabbitmqctl(*args: str) -> None:
+        subprocess.run([str(ctl), "-q", "-n", node, *args], env=env, check=True, capture_output=True, timeout=120)
+
+    subprocess.run([str(server), "-detached"], env=env, check=True, capture_output=True, timeout=60)
+    try:
+        rabbitmqctl("wait", str(home / "pid"), "--timeout", "90")
+        yield f"amqp://guest:guest@127.0.0.1:{port}/%2F", rabbitmqctl
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            rabbitmqctl("stop")
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def read_queue(broker_url: str, queue: str, timeout_ms: int = 2000) -> list[dramatiq.Message[Any]]:
+    """Every message on ``queue``, read (and acked) through Dramatiq's own consumer, in order."""
+    broker = broker_from_url(broker_url)
+    broker.declare_queue(queue)
+    consumer = broker.consume(queue, prefetch=500, timeout=timeout_ms)
+    found = []
+    try:
+        for message in consumer:
+            if message is None:
+                break
+            consumer.ack(message)
+            found.append(dramatiq.Message(**message.asdict()))
+    finally:
+        consumer.close()
+        broker.close()
+    return found
+
+
+def relay_waits_to_delete(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the relay of this database is blocked in its DELETE (the broker has confirmed)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'estafeta-relay' AND wait_event_type = 'Lock' AND query LIKE 'DELETE%%'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def unlocked_rows(conn: psycopg.Connection[Any]) -> int:
+    """Outbox rows no transaction holds (``SKIP LOCKED`` sees past the relay's claim)."""
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM pingpong.outbox FOR UPDATE SKIP LOCKED) AS free"
+        ).fetchone()
+    return int(row[0]) if row else 0
