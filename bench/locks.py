@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -34,12 +33,13 @@ from typing import Any
 
 import psycopg
 import redis
-from psycopg import conninfo, sql
 
 from actors.locks import HeldLock, PostgresLocks, RedisLocks
 from actors.redis_lock import Redlock
 from sql import migrate
 from sql.pool import Database
+
+from .common import describe, machine, redis_namespace, scratch_database
 
 SCHEMA = "lockbench"
 TIMEOUT_MS = 10_000
@@ -144,22 +144,6 @@ def measure(db: Database, name: str, hold: Hold, seconds: float) -> dict[str, An
 
 
 @contextlib.contextmanager
-def scratch_database(admin_dsn: str) -> Iterator[str]:
-    """A database of the bench's own with the lockbench schema, dropped afterwards."""
-    name = f"estafeta_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        try:
-            dsn = conninfo.make_conninfo(admin_dsn, dbname=name)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                migrate.apply(conn, SCHEMA, migrate.load([migrate.builtin_directory("_common")]))
-                conn.execute("CREATE TABLE lockbench.counters (key text PRIMARY KEY, value bigint NOT NULL)")
-            yield dsn
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-@contextlib.contextmanager
 def private_redis_servers(count: int) -> Iterator[list[str]]:
     """``count`` throw-away redis-server processes (none if redis-server is not installed)."""
     binary = shutil.which("redis-server")
@@ -202,18 +186,19 @@ def _wait_for(url: str) -> None:
     raise RuntimeError(f"{url} did not start")
 
 
-def _drop_namespace(url: str, namespace: str) -> None:
-    client = redis.Redis.from_url(url)
-    for name in client.scan_iter(match=f"{namespace}:*", count=1000):
-        client.delete(name)
-    client.close()
+def _prepare(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate.apply(conn, SCHEMA, migrate.load([migrate.builtin_directory("_common")]))
+        conn.execute("CREATE TABLE lockbench.counters (key text PRIMARY KEY, value bigint NOT NULL)")
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    namespace = f"estafeta-bench-{uuid.uuid4().hex[:8]}"
-    redis_url = f"{args.redis_url}?namespace={namespace}"
     results = []
-    with scratch_database(args.database_url) as dsn, private_redis_servers(3) as quorum:
+    with (
+        scratch_database(args.database_url, _prepare) as dsn,
+        redis_namespace(args.redis_url) as redis_url,
+        private_redis_servers(3) as quorum,
+    ):
         db = Database(dsn, max_size=12)
         backends: list[tuple[str, Callable[[], tuple[Hold, Callable[[], None]]]]] = [
             ("none", lambda: (_no_lock, lambda: None)),
@@ -232,7 +217,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     close()
         finally:
             db.close()
-            _drop_namespace(args.redis_url, namespace)
     return results
 
 
@@ -249,16 +233,6 @@ def _lease_only_backend(url: str) -> tuple[Hold, Callable[[], None]]:
     return _lease_only(redlock), redlock.close
 
 
-def machine() -> dict[str, Any]:
-    """What the figures were measured on (the load average says whether others were busy)."""
-    return {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-    }
-
-
 def table(results: list[dict[str, Any]], seconds: float) -> str:
     header = (
         f"{'backend':<18}{'1 thr ops/s':>12}{'p50 ms':>8}{'p99 ms':>8}"
@@ -272,11 +246,7 @@ def table(results: list[dict[str, Any]], seconds: float) -> str:
             f"{r['backend']:<18}{s['ops_per_s']:>12.0f}{s['p50_ms']:>8.2f}{s['p99_ms']:>8.2f}"
             f"{p['ops_per_s']:>14.0f}{c['ops_per_s']:>13.0f}{c['lost_updates']:>6}{errors:>8}"
         )
-    m = machine()
-    lines.append(
-        f"\n{seconds:g} s per run; {m['cpus']} CPUs, {m['platform']}, Python {m['python']}, "
-        f"load average {m['load_average_1m']} (high means other work was running: noisy figures)"
-    )
+    lines.append(f"\n{seconds:g} s per run; {describe(machine())}")
     return "\n".join(lines)
 
 

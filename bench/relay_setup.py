@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import psycopg
-from psycopg import sql
+
+from .common import machine as common_machine
+from .common import rabbitmq_vhost, redis_namespace, scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -76,49 +74,19 @@ def _admin(dbname: str | None = None) -> str:
 @contextlib.contextmanager
 def services() -> Iterator[Services]:
     """Create the run's database (migrated), vhost and namespace; remove them afterwards."""
-    run = f"estafeta_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(_admin(), autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(run)))
-        try:
-            dsn = _admin(run)
-            with _vhost(run) as amqp_url:
-                redis_url = REDIS_URL + ("&" if "?" in REDIS_URL else "?") + f"namespace={run}"
-                found = Services(dsn, amqp_url, redis_url)
-                migrated = subprocess.run(
-                    [str(BIN / "estafeta"), "migrate"], cwd=ROOT, env=found.env("stub://"), capture_output=True
-                )
-                if migrated.returncode:
-                    raise SystemExit(f"estafeta migrate failed: {migrated.stderr.decode().strip()}")
-                try:
-                    yield found
-                finally:
-                    _drop_namespace(redis_url, run)
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(run)))
+    with (
+        scratch_database(_admin(), _migrate) as dsn,
+        rabbitmq_vhost(AMQP_URL) as amqp_url,
+        redis_namespace(REDIS_URL) as redis_url,
+    ):
+        yield Services(dsn, amqp_url, redis_url)
 
 
-@contextlib.contextmanager
-def _vhost(name: str) -> Iterator[str]:
-    ctl = shutil.which("rabbitmqctl")
-    if not ctl or "BENCH_AMQP_URL" in os.environ:
-        yield AMQP_URL
-        return
-    user = urlsplit(AMQP_URL).username or "guest"
-    subprocess.run([ctl, "-q", "add_vhost", name], check=True, capture_output=True)
-    try:
-        subprocess.run([ctl, "-q", "set_permissions", "-p", name, user, ".*", ".*", ".*"], check=True)
-        yield urlunsplit(urlsplit(AMQP_URL)._replace(path="/" + name))
-    finally:
-        subprocess.run([ctl, "-q", "delete_vhost", name], capture_output=True)
-
-
-def _drop_namespace(redis_url: str, namespace: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
-    for key in client.scan_iter(f"{namespace}:*", count=1000):
-        client.delete(key)
-    client.close()
+def _migrate(dsn: str) -> None:
+    env = Services(dsn, AMQP_URL, REDIS_URL).env("stub://")
+    migrated = subprocess.run([str(BIN / "estafeta"), "migrate"], cwd=ROOT, env=env, capture_output=True)
+    if migrated.returncode:
+        raise SystemExit(f"estafeta migrate failed: {migrated.stderr.decode().strip()}")
 
 
 def fill(conn: psycopg.Connection[Any], rows: int, queue: str, keys: int = 1000) -> None:
@@ -194,21 +162,12 @@ def warm_up(conn: psycopg.Connection[Any], queue: str, rows: int = 1) -> None:
 
 
 def machine(dsn: str, amqp_url: str) -> dict[str, Any]:
-    """What the figures were measured on."""
+    """What the figures were measured on, with the servers' versions."""
     import pika
     import redis
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor(),
-    )
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SHOW server_version").fetchone()
-    pg = row[0] if row else "?"
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     rabbit = connection._impl.server_properties.get("version", b"?")
     connection.close()
@@ -216,11 +175,8 @@ def machine(dsn: str, amqp_url: str) -> dict[str, Any]:
     redis_version = client.info("server").get("redis_version", "?")
     client.close()
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "postgresql": pg,
+        **common_machine(),
+        "postgresql": row[0] if row else "?",
         "rabbitmq": rabbit.decode() if isinstance(rabbit, bytes) else str(rabbit),
         "redis": redis_version,
-        "python": platform.python_version(),
     }

@@ -21,9 +21,7 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -49,24 +47,16 @@ from actors.step import bind
 from cli.relay import build_relay
 from cli.seed import plan_orders, seed_services
 
+from .common import describe, machine, rabbitmq_vhost, reachable, redis_namespace, scratch_database
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-@contextlib.contextmanager
-def scratch_database(admin_dsn: str) -> Iterator[str]:
-    """A migrated database of the bench's own, dropped afterwards."""
-    name = f"estafeta_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        try:
-            dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=name)
-            runtime = Runtime(Settings(database_url=dsn))
-            runtime.migrate()
-            runtime.close()
-            yield dsn
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+def _migrate(dsn: str) -> None:
+    runtime = Runtime(Settings(database_url=dsn))
+    runtime.migrate()
+    runtime.close()
 
 
 def _wipe(dsn: str) -> None:
@@ -192,42 +182,17 @@ def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
     }
 
 
-def _reachable(url: str, default_port: int) -> bool:
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def _rabbitmq_vhost(url: str) -> Iterator[str | None]:
-    ctl = shutil.which("rabbitmqctl")
-    if not ctl or not _reachable(url, 5672):
-        yield None
-        return
-    vhost = f"estafeta-bench-{uuid.uuid4().hex[:8]}"
-    subprocess.run([ctl, "-q", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
-    try:
-        subprocess.run([ctl, "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"], check=True, timeout=60)
-        yield url.rsplit("/", 1)[0] + "/" + vhost
-    finally:
-        subprocess.run([ctl, "-q", "delete_vhost", vhost], capture_output=True, timeout=60)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement, by broker."""
     results: dict[str, Any] = {}
-    with scratch_database(args.database_url) as dsn, _rabbitmq_vhost(args.amqp_url) as amqp:
+    with contextlib.ExitStack() as run_resources:
+        dsn = run_resources.enter_context(scratch_database(args.database_url, _migrate))
         harnesses: list[tuple[str, Any]] = [("stub", lambda: stub_harness(dsn))]
-        if amqp:
+        if reachable(args.amqp_url, 5672):
+            amqp = run_resources.enter_context(rabbitmq_vhost(args.amqp_url))
             harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, args.processes)))
-        if _reachable(args.redis_url, 6379):
-            redis_url = f"{args.redis_url}?namespace=estafeta-bench-{uuid.uuid4().hex[:8]}"
+        if reachable(args.redis_url, 6379):
+            redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
             harnesses.append(("redis", lambda: process_harness(dsn, redis_url, args.processes)))
         for name, harness in harnesses:
             _wipe(dsn)
@@ -240,15 +205,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def machine() -> str:
-    """What the figures were measured on."""
-    return f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
-
-
 def table(results: dict[str, Any], processes: int) -> str:
     """The figures, one broker per line, the baseline beside the sagas."""
     lines = [
-        f"estafeta saga benchmark: {machine()}; real brokers: dramatiq actors --processes {processes} --threads 8",
+        f"estafeta saga benchmark: {describe(machine())}",
+        f"real brokers: dramatiq actors --processes {processes} --threads 8",
         f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
         f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}",
     ]

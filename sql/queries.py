@@ -1,4 +1,4 @@
-"""Named queries from ``queries.sql``, parsed once and bound to a service schema.
+"""Named queries from the ``.sql`` files beside this module, parsed once and bound to a service schema.
 
 The schema name is substituted with :class:`psycopg.sql.Identifier`, so a service
 name can never become SQL text.
@@ -16,24 +16,30 @@ _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
 
 @functools.cache
-def _parsed() -> dict[str, str]:
-    text = resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
+def parse(filename: str) -> dict[str, str]:
+    """The named queries of ``sql/<filename>``: each body under its ``-- name --`` header."""
+    text = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
     parts = _HEADER.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
+def body(filename: str, name: str) -> str:
+    """The text of query ``name`` in ``sql/<filename>``."""
+    try:
+        return parse(filename)[name]
+    except KeyError:
+        raise KeyError(f"no query named {name!r} in sql/{filename}") from None
+
+
 def names() -> list[str]:
     """Every query name defined in ``queries.sql``."""
-    return sorted(_parsed())
+    return sorted(parse("queries.sql"))
 
 
 @functools.cache
 def query(name: str, schema: str) -> sql.Composed:
     """The query ``name`` with ``{schema}`` bound to the service schema ``schema``."""
-    try:
-        body = _parsed()[name]
-    except KeyError:
-        raise KeyError(f"no query named {name!r} in sql/queries.sql") from None
+    text = body("queries.sql", name)
     # Literal braces are not used in queries.sql, so format() only sees {schema}.
-    return sql.SQL(body).format(schema=sql.Identifier(schema))
+    return sql.SQL(text).format(schema=sql.Identifier(schema))

@@ -8,11 +8,9 @@ back with the commands it sends.
 from __future__ import annotations
 
 import functools
-import re
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from importlib import resources
 from typing import Any
 
 import attrs
@@ -21,7 +19,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-_HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
+from . import queries
 
 #: Statuses of a saga that is still waiting for a reply.
 LIVE = ("running", "compensating")
@@ -91,25 +89,15 @@ class LogEntry:
     at: datetime
 
 
-@functools.cache
-def _parsed() -> dict[str, str]:
-    text = resources.files(__package__).joinpath("sagas.sql").read_text(encoding="utf-8")
-    parts = _HEADER.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
 def names() -> list[str]:
     """Every query name defined in ``sagas.sql``."""
-    return sorted(_parsed())
+    return sorted(queries.parse("sagas.sql"))
 
 
 @functools.cache
 def query(name: str, table: SagaTable) -> sql.Composed:
     """The query ``name`` with the schema, table, log and key column of ``table`` bound as identifiers."""
-    try:
-        body = _parsed()[name]
-    except KeyError:
-        raise KeyError(f"no query named {name!r} in sql/sagas.sql") from None
+    body = queries.body("sagas.sql", name)
     return sql.SQL(body).format(
         schema=sql.Identifier(table.schema),
         table=sql.Identifier(table.table),

@@ -23,7 +23,7 @@ from brokers.publish import EnqueuePublisher
 from brokers.relay import Outbox, Relay, RelayConfig
 from tests import lock_steps, steps  # noqa: F401  (test-only steps, bound with the rest)
 
-from .services import rabbitmq_vhost, redis_namespaced, scratch_database
+from .services import drop_redis_namespace, rabbitmq_vhost, redis_namespaced, scratch_database
 
 #: Test settings: tiny backoffs so retries happen within a test.
 TEST_SETTINGS = {"max_retries": 3, "min_backoff_ms": 10, "max_backoff_ms": 50, "lock_timeout_ms": 2000}
@@ -47,9 +47,14 @@ def amqp_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    """A Redis URL with this run's own key namespace (skips, or fails under CI, without Redis)."""
-    return redis_namespaced()
+def redis_url() -> Iterator[str]:
+    """A Redis URL with this run's own key namespace (skips, or fails under CI, without Redis).
+
+    The namespace's keys (queues, lock token counters) are deleted when the run ends.
+    """
+    url = redis_namespaced()
+    yield url
+    drop_redis_namespace()
 
 
 def _wipe(dsn: str) -> None:

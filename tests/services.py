@@ -97,6 +97,18 @@ def _ctl(ctl: str, *args: str) -> None:
     subprocess.run([ctl, "-q", *args], check=True, capture_output=True, timeout=60)
 
 
+def drop_redis_namespace() -> None:
+    """Delete every key of this run's namespaces (``RUN_ID`` and the ones derived from it)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL.split("?", 1)[0])
+    try:
+        for key in client.scan_iter(f"{RUN_ID}*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+
+
 def redis_namespaced() -> str:
     """A Redis URL whose keys live under this run's namespace."""
     url = require_redis()

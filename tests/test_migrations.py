@@ -13,9 +13,10 @@ import pytest
 from psycopg import pq, sql
 
 from actors.runtime import Runtime
+from actors.saga import SAGAS
 from actors.services import all_services
 from actors.settings import Settings
-from sql import queries
+from sql import queries, sagas
 
 from .integration.processes import ROOT, service_env
 from .services import scratch_database
@@ -55,14 +56,24 @@ def test_every_service_gets_the_outbox_and_inbox_the_code_expects(service: str, 
     assert _primary_key(conn, service, "inbox") == ["consumer", "message_id"]
 
 
-@pytest.mark.parametrize("service", [s.name for s in all_services()])
-@pytest.mark.parametrize("name", queries.names())
-def test_every_named_query_compiles_against_the_migrated_schema(service: str, name: str, conn, runtime) -> None:
-    text = queries.query(name, service).as_string(conn)
+def _assert_prepares(conn: psycopg.Connection[object], name: str, query: sql.Composed) -> None:
+    text = query.as_string(conn)
     numbers: dict[str, int] = {}
     server_text = re.sub(r"%\((\w+)\)s", lambda m: f"${numbers.setdefault(m.group(1), len(numbers) + 1)}", text)
     result = conn.pgconn.prepare(f"check_{name}".encode(), server_text.encode())
     assert result.status == pq.ExecStatus.COMMAND_OK, result.error_message.decode()
+
+
+@pytest.mark.parametrize("service", [s.name for s in all_services()])
+@pytest.mark.parametrize("name", queries.names())
+def test_every_named_query_compiles_against_the_migrated_schema(service: str, name: str, conn, runtime) -> None:
+    _assert_prepares(conn, name, queries.query(name, service))
+
+
+@pytest.mark.parametrize("saga", sorted(SAGAS))
+@pytest.mark.parametrize("name", sagas.names())
+def test_every_saga_query_compiles_against_the_saga_tables(saga: str, name: str, conn, runtime) -> None:
+    _assert_prepares(conn, name, sagas.query(name, SAGAS[saga].table))
 
 
 def test_applying_twice_applies_nothing_the_second_time(database_url: str) -> None:
