@@ -90,6 +90,14 @@ def read_queue(broker_url: str, queue: str, timeout_ms: int = 2000) -> list[dram
     """Every message on ``queue``, read (and acked) through Dramatiq's own consumer, in order."""
     broker = broker_from_url(broker_url)
     broker.declare_queue(queue)
+    try:
+        return consume_all(broker, queue, timeout_ms)
+    finally:
+        broker.close()
+
+
+def consume_all(broker: dramatiq.Broker, queue: str, timeout_ms: int = 1500) -> list[dramatiq.Message[Any]]:
+    """Every message on ``queue``, through ``broker``'s own consumer (acked), in order."""
     consumer = broker.consume(queue, prefetch=500, timeout=timeout_ms)
     found = []
     try:
@@ -100,7 +108,6 @@ def read_queue(broker_url: str, queue: str, timeout_ms: int = 2000) -> list[dram
             found.append(dramatiq.Message(**message.asdict()))
     finally:
         consumer.close()
-        broker.close()
     return found
 
 

@@ -18,6 +18,8 @@ from brokers.rabbitmq import RabbitmqPublisher
 from brokers.redis import RedisPublisher
 from sql.outbox import OutboxRow
 
+from .relay_faults import consume_all
+
 pytestmark = pytest.mark.integration
 
 
@@ -33,21 +35,6 @@ def row(seq: int, *, key: str | None = None, queue: str = "relaycheck", **option
         created_at=datetime.now(UTC),
         attempts=0,
     )
-
-
-def consume_all(broker: dramatiq.Broker, queue: str, timeout_ms: int = 1500) -> list[dramatiq.Message[Any]]:
-    """Every message on ``queue``, through Dramatiq's own consumer (acked)."""
-    consumer = broker.consume(queue, prefetch=100, timeout=timeout_ms)
-    found = []
-    try:
-        for message in consumer:
-            if message is None:
-                break
-            consumer.ack(message)
-            found.append(dramatiq.Message(**message.asdict()))
-    finally:
-        consumer.close()
-    return found
 
 
 def closed_port() -> int:
