@@ -1,7 +1,6 @@
-"""``dramatiq tests.integration.worker_locks``: the services plus the charge-like test steps."""
+"""``dramatiq tests.worker``: the tests' app (the order system and the probe's test-only steps)."""
 
-import actors
-from actors.step import bind
-from tests import lock_steps  # noqa: F401  (declares the charge steps)
+from tests.app import app
 
-bind(actors.broker, actors.runtime)
+#: The tests' app bound to the broker of the ``ESTAFETA_*`` settings.
+binding = app.bind()
