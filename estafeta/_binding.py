@@ -11,7 +11,9 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
 from brokers import broker_from_url
+from brokers.tracing import messaging_system
 
+from . import _tracing as tracing
 from ._errors import SettingsError
 from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, has_middleware
 from ._runtime import Runtime
@@ -51,6 +53,7 @@ def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, 
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
     dramatiq.set_broker(broker)
+    tracing.use_messaging_system(messaging_system(broker))
     actors = declare_actors(broker, runtime, app.steps.values())
     if watchdog and app.sagas:
         _watch(broker, runtime, app)
