@@ -15,7 +15,7 @@ from brokers.tracing import messaging_system
 
 from . import _tracing as tracing
 from ._errors import SettingsError
-from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, has_middleware
+from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, WorkerLogs, has_middleware
 from ._runtime import Runtime
 from ._settings import Settings
 from ._steps import declare_actors
@@ -50,6 +50,8 @@ def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, 
         broker = broker_from_url(runtime.settings.broker_url)
         if isinstance(broker, StubBroker):
             broker.add_middleware(RefuseStubBroker())
+        # Only the `dramatiq` command's worker processes emit process_boot: these act there.
+        broker.add_middleware(WorkerLogs(runtime.settings.log_format))
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
     dramatiq.set_broker(broker)

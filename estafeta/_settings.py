@@ -41,6 +41,10 @@ _FLOATS: dict[str, tuple[str, float]] = {
     "SAGA_STEP_TIMEOUT": ("saga_step_timeout", 0.01),
     "SAGA_WATCH_INTERVAL": ("saga_watch_interval", 0.01),
 }
+#: Settings with a fixed set of values: variable suffix -> (attribute, allowed values).
+_CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "LOG_FORMAT": ("log_format", ("text", "json")),
+}
 
 
 @attrs.frozen
@@ -78,6 +82,8 @@ class Settings:
     saga_step_timeout: float = 30.0
     #: Seconds between the saga watchdog's looks for sagas past their deadline.
     saga_watch_interval: float = 1.0
+    #: ``text`` or ``json``: how ``dramatiq`` worker processes (and the CLI) write log lines.
+    log_format: str = "text"
 
     def database_url_for(self, service: str) -> str:
         """The DSN of ``service``'s database."""
@@ -107,6 +113,9 @@ class Settings:
                 values["broker_url"] = _broker_url(name, value)
             elif suffix == "LOCK_URL":
                 values["lock_url"] = _lock_url(name, value)
+            elif suffix in _CHOICES:
+                attribute, allowed = _CHOICES[suffix]
+                values[attribute] = _choice(name, value, allowed)
             elif suffix in _INTEGERS:
                 attribute, minimum = _INTEGERS[suffix]
                 values[attribute] = _number(name, value, int, minimum)
@@ -162,6 +171,13 @@ def _lock_url(name: str, value: str) -> str:
     for url in value.split(","):
         if not url.strip().startswith(("redis://", "rediss://")):
             raise SettingsError(name, f"{redact_url(url.strip())!r} is neither 'postgres' nor a redis:// URL")
+    return value
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    value = value.strip().lower()
+    if value not in allowed:
+        raise SettingsError(name, f"{value!r} is not one of {', '.join(allowed)}")
     return value
 
 
