@@ -20,6 +20,7 @@ from ._runtime import Runtime
 from ._settings import Settings
 from ._steps import declare_actors
 from ._watchdog import WatchdogMiddleware
+from ._worker_metrics import WorkerMetrics
 
 if TYPE_CHECKING:
     from ._app import App
@@ -52,6 +53,8 @@ def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, 
             broker.add_middleware(RefuseStubBroker())
         # Only the `dramatiq` command's worker processes emit process_boot: these act there.
         broker.add_middleware(WorkerLogs(runtime.settings.log_format))
+        if runtime.settings.metrics_port is not None:
+            broker.add_middleware(WorkerMetrics(app.service_names, app.sagas))
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
     dramatiq.set_broker(broker)
