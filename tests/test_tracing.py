@@ -9,17 +9,21 @@ relay's ``send`` spans are traces of their own that link to every message they c
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors import pingpong
+from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Ping
 from cli.orders import _place
-from estafeta import Outcome, Runtime, deliver
+from estafeta import Outcome, Runtime, Watchdog, deliver
 from estafeta import _tracing as tracing
 from estafeta._messages import new_traceparent
 from tests.probe import SERVICE as probe
@@ -211,10 +215,6 @@ with running(app.bind(StubBroker(), runtime)):
 
 
 def test_estafeta_works_without_opentelemetry_installed(database_url: str, runtime: Runtime) -> None:
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_OPENTELEMETRY, database_url],
@@ -225,3 +225,20 @@ def test_estafeta_works_without_opentelemetry_installed(database_url: str, runti
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(True, 1) None"
+
+
+def test_a_command_the_watchdog_sends_again_is_in_a_saga_deadline_trace(runtime: Runtime, conn) -> None:
+    seed(runtime, {"ann": 10_000}, {"sku-w": 5})
+    (placed,) = _place(runtime, [("ann", "sku-w", None)], 1, 100)
+    # The charge was published (its row is gone) and nobody answered before the deadline.
+    conn.execute("DELETE FROM orders.outbox")
+    conn.execute(
+        "UPDATE orders.saga_order SET deadline_at = now() - interval '1 s' WHERE saga_id = %s", (placed.saga_id,)
+    )
+    with spans.capture() as exporter:
+        assert Watchdog(runtime, [ORDER_SAGA]).check_once()["resent"] == 1
+        finished = exporter.get_finished_spans()
+    (deadline,) = spans.named(finished, "saga deadline order")
+    (create,) = spans.named(finished, "create payments")
+    assert deadline.parent is None and deadline.attributes["estafeta.saga.id"] == str(placed.saga_id)
+    assert spans.parent_id(create) == deadline.context.span_id
