@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,http]'
 	touch $(STAMP)
 
 ## The main job: the order system end to end on an embedded PostgreSQL and the StubBroker.
@@ -35,9 +35,11 @@ typecheck: $(STAMP)
 
 ## Benchmarks: each prints its figures beside the baselines measured in the same run.
 bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench.relay
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks
+	$(BIN)/python -m bench.http
 
 clean:
 	rm -rf $(VENV) .estafeta build *.egg-info
