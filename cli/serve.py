@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -62,7 +62,7 @@ def serve_command(
     /openapi.json. The console at /console shows outboxes, dead letters and sagas; it
     acts only with --allow-actions. Run several behind a load balancer for more.
     """
-    missing = [name for name in _NEEDS if importlib.util.find_spec(name) is None]
+    missing = _missing()
     if missing:
         raise click.UsageError(f"needs {', '.join(missing)}: pip install 'estafeta[http]'")
     import uvicorn
@@ -90,6 +90,16 @@ def build(
         pruners.append(lambda: api.keys.prune(runtime))
     options = WebOptions(allow_actions=allow_actions, prune_interval=prune_interval)
     return create_app(context.app, runtime, options, routers=routers, pruners=pruners)
+
+
+def _missing() -> list[str]:
+    missing = []
+    for name in _NEEDS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def _check_migrated(context: AppContext) -> None:
