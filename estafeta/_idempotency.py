@@ -14,9 +14,11 @@ What a request with a key gets (the draft's rules):
 - a key used before with a different request (method, target or canonical body): 422;
 - a key used before with the same request: the stored status, headers and body,
   marked ``replayed`` (``Idempotent-Replayed: true``);
-- otherwise the handler runs; a 2xx or 3xx commits with the record, a 4xx (a refusal)
-  rolls back the handler's writes and commits the record, so the refusal is replayed
-  too; a 5xx or an exception stores nothing, so the retry runs again.
+- otherwise the handler runs; a 2xx or 3xx commits with the record; a 4xx (a refusal)
+  rolls back the handler's writes and is then recorded in a transaction of its own, so
+  the refusal is replayed too (unless another request with the key got in between: its
+  answer is the record then); a 5xx or an exception stores nothing, so the retry runs
+  again.
 
 Keys are scoped per client, and a record expires (24 hours by default); expired records
 are pruned in batches (:meth:`Idempotency.prune`).
@@ -47,6 +49,9 @@ if TYPE_CHECKING:
 DEFAULT_TTL = timedelta(hours=24)
 #: The longest key accepted (a UUID needs 36 characters).
 MAX_KEY_LENGTH = 255
+# Claims per request: a lost race (a record committed between a claim's snapshot and its
+# lock) costs one more; the next claim sees that record.
+_ATTEMPTS = 3
 _PROBLEMS = "urn:estafeta:problem:"
 # RFC 8941 sf-string: printable ASCII, with \" and \\ the only escapes.
 _QUOTED = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"(;.*)?')
@@ -174,33 +179,50 @@ class Idempotency:
 
         Raises the 409 and 422 problems of the module's rules; ``handler``'s exceptions
         propagate with nothing stored. Without a key, ``handler`` runs in a transaction
-        of its own, with the same rules for 4xx and 5xx answers.
+        of its own that an answer of 400 or more rolls back.
         """
         with runtime.database(self.service).connection() as conn:
             return self.run_on(conn, request, handler)
 
     def run_on(self, conn: psycopg.Connection[Any], request: IdempotentRequest, handler: Handler) -> HttpResponse:
-        """:meth:`run` on a connection of the service's database (in autocommit: the transaction is this method's)."""
+        """:meth:`run` on a connection of the service's database (in autocommit: the transactions are this method's)."""
+        if request.key is None:
+            return _without_key(conn, handler)
+        for _ in range(_ATTEMPTS):
+            try:
+                response = self._attempt(conn, request, request.key, handler)
+            except _LostRace:
+                continue  # the winner's record is visible now: the next attempt answers with it
+            if 400 <= response.status < 500 and not response.replayed:
+                self._record_refusal(conn, request, request.key, response)
+            return response
+        raise RuntimeError(f"key {request.key!r} of {request.client!r}: its record keeps changing under its lock")
+
+    def _attempt(
+        self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str, handler: Handler
+    ) -> HttpResponse:
+        # One transaction: the key's claim, the handler's work and the record. An answer of
+        # 400 or more keeps none of the handler's writes (a refusal is recorded afterwards).
         with conn.transaction() as transaction:
-            if request.key is not None:
-                replay = self._claim(conn, request, request.key)
-                if replay is not None:
-                    return replay
-            response = _answer(conn, handler)
-            if response.status >= 500:
-                raise psycopg.Rollback(transaction)  # a server error: the retry must run again
-            if request.key is not None:
-                self._record(conn, request, request.key, response)
+            replay = self._claim(conn, request, key)
+            if replay is not None:
+                return replay
+            response = _call(handler, conn)
+            if response.status >= 400:
+                raise psycopg.Rollback(transaction)
+            if not self._store(conn, request, key, response):
+                raise _LostRace()
         return response
 
     def _claim(self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str) -> HttpResponse | None:
-        lock_name = "\x1f".join(("estafeta.idempotency", self.service, request.client, key))
-        if not store.try_lock(conn, self.service, lock_name):
+        found, locked = store.claim(
+            conn, self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
+        )
+        if not locked:
             raise IdempotencyKeyInFlight(
                 f"the first request with this key is still being processed: retry in {self.retry_after} s",
                 headers={"Retry-After": str(self.retry_after)},
             )
-        found = store.find(conn, self.service, request.client, key)
         if found is None:
             return None
         if found.fingerprint != request.fingerprint:
@@ -209,10 +231,23 @@ class Idempotency:
             )
         return HttpResponse(found.status, found.headers, found.body, replayed=True)
 
-    def _record(
+    def _record_refusal(
         self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str, response: HttpResponse
     ) -> None:
-        stored = store.store(
+        # The refusal's own transaction, right after the one that rolled the handler's
+        # writes back (so a success pays for no savepoint). If another request with the key
+        # came in between, its answer is the key's record and this refusal is not kept.
+        with conn.transaction():
+            found, locked = store.claim(
+                conn, self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
+            )
+            if found is None and locked:
+                self._store(conn, request, key, response)
+
+    def _store(
+        self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str, response: HttpResponse
+    ) -> bool:
+        return store.store(
             conn,
             self.service,
             client=request.client,
@@ -225,8 +260,9 @@ class Idempotency:
             body=response.body,
             ttl=self.ttl,
         )
-        if not stored:  # impossible while the key's lock is held: say so rather than answer twice
-            raise RuntimeError(f"an unexpired record of key {key!r} appeared in {self.service} under its lock")
+
+    def _lock_name(self, client: str, key: str) -> str:
+        return "\x1f".join(("estafeta.idempotency", self.service, client, key))
 
     def prune(self, runtime: Runtime, *, batch_size: int = 1000) -> int:
         """Delete expired records, ``batch_size`` per transaction (short locks, short WAL bursts); return how many."""
@@ -239,24 +275,21 @@ class Idempotency:
                     return total
 
 
-class _Refused(Exception):
-    """Carries a handler's 4xx/5xx answer out of its savepoint, rolling its writes back."""
-
-    def __init__(self, response: HttpResponse) -> None:
-        super().__init__(response.status)
-        self.response = response
+class _LostRace(Exception):
+    """Another request with the key committed its record after this one's claim looked: start over."""
 
 
-def _answer(conn: psycopg.Connection[Any], handler: Handler) -> HttpResponse:
-    # The handler runs in a savepoint: a refusal (4xx) keeps none of its writes, but the
-    # transaction goes on to record the refusal under the key.
+def _call(handler: Handler, conn: psycopg.Connection[Any]) -> HttpResponse:
     try:
-        with conn.transaction():
-            response = handler(conn)
-            if response.status >= 400:
-                raise _Refused(response)
-    except _Refused as refused:
-        return refused.response
+        return handler(conn)
     except Problem as problem:
         return problem.response()
+
+
+def _without_key(conn: psycopg.Connection[Any], handler: Handler) -> HttpResponse:
+    # Nothing to record: an answer of 400 or more leaves nothing behind.
+    with conn.transaction() as transaction:
+        response = _call(handler, conn)
+        if response.status >= 400:
+            raise psycopg.Rollback(transaction)
     return response

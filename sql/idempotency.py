@@ -44,19 +44,22 @@ def query(name: str, schema: str) -> sql.Composed:
     return sql.SQL(queries.body("idempotency.sql", name)).format(schema=sql.Identifier(schema))
 
 
-def try_lock(conn: psycopg.Connection[Any], schema: str, lock_name: str) -> bool:
-    """Take the transaction-scoped lock ``lock_name`` if nobody holds it; ``False`` if somebody does."""
-    row = conn.execute(query("try_lock_key", schema), {"lock_name": lock_name}).fetchone()
-    return bool(row and row[0])
+def claim(
+    conn: psycopg.Connection[Any], schema: str, *, client: str, key: str, lock_name: str
+) -> tuple[StoredKey | None, bool]:
+    """The unexpired record of ``client``'s ``key`` if one is visible; else whether the lock ``lock_name`` was taken.
 
-
-def find(conn: psycopg.Connection[Any], schema: str, client: str, key: str) -> StoredKey | None:
-    """The unexpired record of ``client``'s ``key``, if there is one."""
-    row = conn.execute(query("find_key", schema), {"client": client, "key": key}).fetchone()
-    if row is None:
-        return None
-    fingerprint, status, headers, body = row
-    return StoredKey(str(fingerprint), int(status), tuple((str(n), str(v)) for n, v in headers), bytes(body))
+    Returns ``(record, True)``, ``(None, True)`` (the key is this transaction's now) or
+    ``(None, False)`` (another transaction holds it).
+    """
+    params = {"client": client, "key": key, "lock_name": lock_name}
+    row = conn.execute(query("claim_key", schema), params).fetchone()
+    assert row is not None
+    fingerprint, status, headers, body, locked = row
+    if fingerprint is None:
+        return None, bool(locked)
+    pairs = tuple((str(n), str(v)) for n, v in headers)
+    return StoredKey(str(fingerprint), int(status), pairs, bytes(body)), True
 
 
 def store(
@@ -73,7 +76,10 @@ def store(
     body: bytes,
     ttl: timedelta,
 ) -> bool:
-    """Record the response to ``client``'s ``key`` until ``now() + ttl``; ``False`` if an unexpired one exists."""
+    """Record the response to ``client``'s ``key`` until ``now() + ttl``; ``False`` if an unexpired one exists.
+
+    An existing record is seen even if it committed after the caller's last snapshot.
+    """
     params = {
         "client": client,
         "key": key,
@@ -85,9 +91,9 @@ def store(
         "body": body,
         "ttl": ttl,
     }
-    return conn.execute(query("store_key", schema), params).fetchone() is not None
+    return conn.execute(query("store_key", schema), params).rowcount == 1
 
 
 def prune(conn: psycopg.Connection[Any], schema: str, batch_size: int) -> int:
-    """Delete up to ``batch_size`` expired records, oldest first; return how many."""
+    """Delete up to ``batch_size`` expired records; return how many."""
     return conn.execute(query("prune_keys", schema), {"batch_size": batch_size}).rowcount

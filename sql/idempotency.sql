@@ -1,17 +1,20 @@
 -- Named queries of the Idempotency-Key store, parsed once by sql/idempotency.py. `{schema}` is
 -- the schema of the service whose transactions the records join, bound as an identifier.
 
--- try_lock_key --
--- Whoever holds this transaction-scoped lock is handling the key now; another request with
--- the key is told so at once (409) instead of waiting. The lock dies with the transaction,
--- so a killed server frees the key as soon as PostgreSQL notices the dropped connection.
-SELECT pg_try_advisory_xact_lock(hashtextextended(%(lock_name)s, 0))
-
--- find_key --
--- Read after the lock is held: every earlier holder's transaction has ended by then.
-SELECT fingerprint, status, headers, body
-FROM {schema}.idempotency_keys
-WHERE client = %(client)s AND key = %(key)s AND expires_at > now()
+-- claim_key --
+-- The key's unexpired record if one is visible (its answer is final: nobody changes an
+-- unexpired record); otherwise whether this transaction got the key's lock, which is held
+-- by whoever handles the key now (another request is told so at once: 409). The lock is
+-- transaction-scoped, so a killed server frees the key when PostgreSQL drops its session.
+-- One round trip: the record is read with this statement's snapshot, taken before the
+-- lock, so a holder that committed in between is missed here; store_key then finds its
+-- record and the caller starts over.
+SELECT k.fingerprint, k.status, k.headers, k.body,
+       CASE WHEN k.key IS NULL THEN pg_try_advisory_xact_lock(hashtextextended(%(lock_name)s, 0))
+            ELSE true END AS locked
+FROM (VALUES (1)) AS one
+LEFT JOIN {schema}.idempotency_keys AS k
+       ON k.client = %(client)s AND k.key = %(key)s AND k.expires_at > now()
 
 -- store_key --
 -- An expired record of the same key is replaced; an unexpired one is never overwritten
@@ -31,15 +34,13 @@ ON CONFLICT (client, key) DO UPDATE
         created_at = now(),
         expires_at = EXCLUDED.expires_at
     WHERE idempotency_keys.expires_at <= now()
-RETURNING 1
 
 -- prune_keys --
--- One batch of expired records, oldest first; rows another transaction holds (a request
--- replacing its expired record) are left for the next pass.
+-- One batch of expired records (in no particular order: every one of them goes); rows
+-- another transaction holds (a request replacing its expired record) wait for the next pass.
 DELETE FROM {schema}.idempotency_keys
 WHERE (client, key) IN (
     SELECT client, key FROM {schema}.idempotency_keys
     WHERE expires_at <= now()
-    ORDER BY expires_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED)

@@ -256,3 +256,40 @@ def test_every_idempotency_query_compiles_against_the_migrated_schema(name: str,
     from .test_migrations import _assert_prepares
 
     _assert_prepares(conn, name, store.query(name, "orders"))
+
+
+def test_without_a_key_a_refusal_leaves_nothing_behind(runtime: Runtime, conn) -> None:
+    def refuse(c: psycopg.Connection[Any]) -> HttpResponse:
+        Placer()(c)
+        raise OutOfStock()
+
+    assert KEYS.run(runtime, request({"sku": "s1"}, key=None), Placer(status=422)).status == 422
+    assert KEYS.run(runtime, request({"sku": "s1"}, key=None), refuse).status == 409
+    assert (order_count(conn), record_count(conn)) == (0, 0)
+
+
+def test_a_record_committed_between_the_claim_and_the_store_wins_and_is_replayed(runtime: Runtime, conn) -> None:
+    asked = request({"sku": "s1"})
+    winner = HttpResponse.json(201, {"order_id": "the winner's"})
+
+    def lose_the_race(c: psycopg.Connection[Any]) -> HttpResponse:
+        response = Placer()(c)
+        # Another request with the key committed its record after this transaction's
+        # claim looked (its snapshot), as a holder ending between the snapshot and the lock.
+        store.store(
+            conn, "orders", client=asked.client, key="k-1", fingerprint=asked.fingerprint, method="POST",
+            target="/orders", status=winner.status, headers=winner.headers, body=winner.body, ttl=timedelta(minutes=1),
+        )  # fmt: skip
+        return response
+
+    answer = KEYS.run(runtime, asked, lose_the_race)
+    assert (answer.status, answer.body, answer.replayed) == (201, winner.body, True)
+    assert (order_count(conn), record_count(conn)) == (0, 1)  # the loser's order rolled back
+
+
+def test_a_finished_key_is_replayed_even_while_its_lock_is_held(runtime: Runtime, conn, database_url: str) -> None:
+    first = KEYS.run(runtime, request({"sku": "s1"}), Placer())
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (KEYS._lock_name("shop-1", "k-1"),))
+        again = KEYS.run(runtime, request({"sku": "s1"}), Placer())
+    assert (again.replayed, again.body) == (True, first.body)
