@@ -88,7 +88,7 @@ class Console:
         """One saga: its state, its timeline, and (with actions allowed) resume and abort."""
         found = self._find(saga_id)
         if found is None:
-            return self._page("console_missing.html", saga_id=saga_id, reason=f"no saga {saga_id}", status=404)
+            return self._page("console_missing.html", reason=f"no saga {saga_id}", status=404)
         return self._page("console_saga.html", saga=found, notice=notice)
 
     def _find(self, saga_id: str) -> console_data.SagaPage | None:
@@ -111,7 +111,9 @@ class Console:
         names = [form["service"]] if form.get("service") else self.app.service_names
         if any(name not in self.app.service_names for name in names):
             return self._refuse(f"no service {form['service']!r}")
-        row_id = int(form["row_id"]) if form.get("row_id", "").isdigit() else None
+        if form.get("row_id", "").strip() and not form["row_id"].strip().isdigit():
+            return self._refuse(f"row {form['row_id']!r} is not an outbox row id")
+        row_id = int(form["row_id"]) if form.get("row_id", "").strip() else None
         total = 0
         for name in names:
             with self.runtime.database(name).connection() as conn:
@@ -153,7 +155,7 @@ class Console:
         return not secrets.compare_digest(form.get("token", "").encode(), self.token.encode())
 
     def _refuse(self, why: str, *, status: int = 400) -> HTMLResponse:
-        return self._page("console_missing.html", saga_id="", reason=why, status=status)
+        return self._page("console_missing.html", reason=why, status=status)
 
 
 def _back(path: str, notice: str) -> Response:

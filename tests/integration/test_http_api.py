@@ -14,7 +14,7 @@ import httpx
 import psycopg
 import pytest
 
-from ..helpers import scalar
+from ..helpers import scalar, wait_until
 from ..http_server import Server, backend_gone, blocked_insert, orders_table_locked, serving
 
 pytestmark = pytest.mark.integration
@@ -187,3 +187,18 @@ def test_a_server_killed_inside_the_transaction_stores_nothing_and_the_retry_pla
         assert retry.status_code == 201 and "Idempotent-Replayed" not in retry.headers
         assert post(http, ORDER, key).headers["Idempotent-Replayed"] == "true"
     assert counts(conn) == (1, 1, 1, 1)
+
+
+def test_the_server_prunes_expired_records_and_keeps_live_ones(database_url: str, conn, tmp_path: Path) -> None:
+    with (
+        serving(database_url, tmp_path, "--prune-interval", "0.2", "--no-access-log") as server,
+        server.client() as http,
+    ):
+        for _ in range(3):
+            assert post(http, ORDER, str(uuid.uuid4())).status_code == 201
+        conn.execute(
+            "UPDATE orders.idempotency_keys SET expires_at = now() - interval '1 minute'"
+            " WHERE key <> (SELECT min(key) FROM orders.idempotency_keys)"
+        )
+        wait_until(lambda: counts(conn)[3] == 1, timeout=20, what="the expired records pruned")
+    assert counts(conn)[0] == 3  # the orders stay: only their keys' records went
