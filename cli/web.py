@@ -147,38 +147,43 @@ def problem_response(problem: Problem, instance: str | None = None) -> Response:
 
 def install_problem_handlers(web: FastAPI) -> None:
     """Turn every error of ``web`` into a problem document."""
+    web.add_exception_handler(Problem, _on_problem)
+    web.add_exception_handler(HTTPException, _on_http_error)
+    web.add_exception_handler(RequestValidationError, _on_invalid)
+    web.add_exception_handler(DatabaseUnavailable, _on_unavailable)
+    web.add_exception_handler(Exception, _on_bug)
 
-    async def on_problem(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, Problem)
-        return problem_response(exc, request.url.path)
 
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        title = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, "HTTP error")
-        problem = Problem(detail, status=exc.status_code, title=title, headers=dict(exc.headers or {}))
-        return problem_response(problem, request.url.path)
+async def _on_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Problem)
+    return problem_response(exc, request.url.path)
 
-    async def on_invalid(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        return problem_response(_validation_problem(exc.errors()), request.url.path)
 
-    async def on_unavailable(request: Request, exc: Exception) -> Response:
-        logger.warning("%s %s: %s", request.method, request.url.path, exc)
-        headers = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER)}
-        problem = Problem("the database is unavailable: retry later", status=503, title="Service Unavailable")
-        problem.headers.update(headers)
-        return problem_response(problem, request.url.path)
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    title = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, "HTTP error")
+    problem = Problem(detail, status=exc.status_code, title=title, headers=dict(exc.headers or {}))
+    return problem_response(problem, request.url.path)
 
-    async def on_bug(request: Request, exc: Exception) -> Response:
-        logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return problem_response(Problem("the server failed; nothing was stored"), request.url.path)
 
-    web.add_exception_handler(Problem, on_problem)
-    web.add_exception_handler(HTTPException, on_http_error)
-    web.add_exception_handler(RequestValidationError, on_invalid)
-    web.add_exception_handler(DatabaseUnavailable, on_unavailable)
-    web.add_exception_handler(Exception, on_bug)
+async def _on_invalid(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return problem_response(_validation_problem(exc.errors()), request.url.path)
+
+
+async def _on_unavailable(request: Request, exc: Exception) -> Response:
+    logger.warning("%s %s: %s", request.method, request.url.path, exc)
+    headers = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER)}
+    problem = Problem(
+        "the database is unavailable: retry later", status=503, title="Service Unavailable", headers=headers
+    )
+    return problem_response(problem, request.url.path)
+
+
+async def _on_bug(request: Request, exc: Exception) -> Response:
+    logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return problem_response(Problem("the server failed; nothing was stored"), request.url.path)
 
 
 def _validation_problem(errors: Sequence[Any]) -> Problem:

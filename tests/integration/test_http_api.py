@@ -13,9 +13,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg import sql as pgsql
+
+from actors.app import app as order_system
+from estafeta import Runtime, Settings
 
 from ..helpers import scalar, wait_until
 from ..http_server import Server, backend_gone, blocked_insert, orders_table_locked, serving
+from ..services import admin_dsn, scratch_database
 
 pytestmark = pytest.mark.integration
 
@@ -202,3 +207,19 @@ def test_the_server_prunes_expired_records_and_keeps_live_ones(database_url: str
         )
         wait_until(lambda: counts(conn)[3] == 1, timeout=20, what="the expired records pruned")
     assert counts(conn)[0] == 3  # the orders stay: only their keys' records went
+
+
+def test_a_database_that_goes_away_is_a_503_problem_with_retry_after(tmp_path: Path) -> None:
+    with scratch_database() as dsn:
+        runtime = Runtime(Settings(database_url=dsn))
+        order_system.migrate(runtime)
+        runtime.close()
+        with serving(dsn, tmp_path, "--no-access-log") as server, server.client() as http:
+            with psycopg.connect(admin_dsn(), autocommit=True) as admin:
+                name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+                admin.execute(pgsql.SQL("DROP DATABASE {} WITH (FORCE)").format(pgsql.Identifier(str(name))))
+            answer = post(http, ORDER, str(uuid.uuid4()))
+            assert answer.status_code == 503, answer.text
+            assert answer.headers["Retry-After"] == "5"
+            assert answer.json()["title"] == "Service Unavailable"
+            assert str(name) not in answer.text  # no DSN, host or password in the answer
