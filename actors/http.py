@@ -143,6 +143,7 @@ _PROBLEMS = {
     400: "No Idempotency-Key, or a malformed one (or a malformed client id)",
     404: "No such order or saga",
     409: "The first request with this Idempotency-Key is still running: retry after Retry-After seconds",
+    413: "The body is over the server's limit (64 KiB)",
     422: "The body or a parameter is invalid, or the Idempotency-Key was used for a different request",
     503: "The database is unavailable: retry after Retry-After seconds",
 }
@@ -194,7 +195,7 @@ class OrderApi:
             operation_id="placeOrder",
             responses={
                 201: {"headers": _PLACED_HEADERS, "links": _PLACED_LINKS},
-                **problem_responses(400, 409, 422, 503),
+                **problem_responses(400, 409, 413, 422, 503),
             },
             response_description="The order is placed and its saga started (replayed: by the key's first request)",
             summary="Place an order and start its saga (Idempotency-Key required)",

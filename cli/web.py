@@ -20,6 +20,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import estafeta
 from estafeta import PROBLEM_JSON, App, DatabaseUnavailable, Problem, Runtime
@@ -30,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a 503 (database unavailable) tells the client to wait.
 UNAVAILABLE_RETRY_AFTER = 5
+#: The largest request body read (an order is a few hundred bytes); more is a 413.
+MAX_BODY_BYTES = 64 * 1024
 #: The Idempotency-Key values the parser accepts: bare, or an RFC 8941 string (its escapes count once).
 KEY_PATTERN = r'^(?:[!#-\[\]-~]{1,255}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")$'
 #: Where the OpenAPI document defines a problem document (``ProblemBody``, added by ``_openapi``).
@@ -75,6 +78,7 @@ def create_app(
         lifespan=_lifespan(runtime, pruners, options.prune_interval),
     )
     install_problem_handlers(web)
+    web.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     web.include_router(health_router(app, runtime))
     for router in routers:
         web.include_router(router)
@@ -112,6 +116,48 @@ def _prune_until(stop: threading.Event, pruners: Sequence[Callable[[], int]], in
                 continue
             if deleted:
                 logger.info("pruned %d expired idempotency record(s)", deleted)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is refused (413) before anyone buffers it."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a declared length over the limit at once; count the bytes of any other body as they come."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.limit:
+            await problem_response(self._too_large(), scope.get("path"))(scope, receive, send)
+            return
+        received, refused = 0, False
+
+        async def counted() -> Message:
+            # Past the limit: answer 413 here, then tell the app the client left; what it
+            # answers to that is dropped (the response has been sent).
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                refused = True
+                await problem_response(self._too_large(), scope.get("path"))(scope, receive, send)
+                return {"type": "http.disconnect"}
+            return message
+
+        async def unless_refused(message: Message) -> None:
+            if not refused:
+                await send(message)
+
+        await self.app(scope, counted, unless_refused)
+
+    def _too_large(self) -> Problem:
+        return Problem(f"the request body is over {self.limit} bytes", status=413, title="Content Too Large")
 
 
 def health_router(app: App, runtime: Runtime) -> APIRouter:

@@ -223,3 +223,16 @@ def test_a_database_that_goes_away_is_a_503_problem_with_retry_after(tmp_path: P
             assert answer.headers["Retry-After"] == "5"
             assert answer.json()["title"] == "Service Unavailable"
             assert str(name) not in answer.text  # no DSN, host or password in the answer
+
+
+def test_a_body_over_64_kib_is_a_413_problem_whether_its_length_is_declared_or_not(client: httpx.Client) -> None:
+    big = b'{"customer_id": "' + b"x" * 70_000 + b'"}'
+    declared = client.post("/orders", content=big, headers={"Idempotency-Key": "k", "Content-Type": "application/json"})
+    streamed = client.post(
+        "/orders",
+        content=iter([big[:40_000], big[40_000:]]),
+        headers={"Idempotency-Key": "k2", "Content-Type": "application/json"},
+    )
+    for answer in (declared, streamed):
+        assert answer.status_code == 413, answer.text
+        assert answer.headers["Content-Type"] == "application/problem+json"
