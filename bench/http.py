@@ -77,12 +77,14 @@ class Processes:
         self.monitor = psycopg.connect(dsn, autocommit=True)
 
     def backend_pids(self) -> list[int]:
+        """The backends connected to the scratch database now (the server's pool), this monitor's aside."""
         rows = self.monitor.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
         ).fetchall()
         return [int(r[0]) for r in rows]
 
     def close(self) -> None:
+        """Close the monitoring connection."""
         self.monitor.close()
 
 
@@ -223,6 +225,7 @@ def _verdict(percent: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print its table (or JSON)."""
     parser = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="requests per mode and round (default 1000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each mode (default 3)")
@@ -233,8 +236,9 @@ def main(argv: list[str] | None = None) -> None:
         default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
         help="a PostgreSQL server to create a scratch database on",
     )
-    report = run(parser.parse_args(argv))
-    if parser.parse_args(argv).json:
+    args = parser.parse_args(argv)
+    report = run(args)
+    if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
