@@ -160,3 +160,14 @@ def test_an_action_without_the_console_form_token_is_refused(database_url: str, 
         and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
     )
     assert scalar(conn, "SELECT version FROM orders.saga_order") == 1
+
+
+def test_any_app_gets_its_console_and_health_without_the_order_api(database_url: str, runtime, tmp_path: Path) -> None:
+    with serving(database_url, tmp_path, "--no-access-log", app="examples.booking") as server:
+        page = httpx.get(f"{server.url}/console")
+        orders = httpx.post(f"{server.url}/orders", json=ORDER, headers={"Idempotency-Key": "k"})
+        paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert page.status_code == 200
+    assert "booking · estafeta console" in page.text and "desk" in page.text  # its service and its saga kind
+    assert orders.status_code in (404, 405) and orders.headers["Content-Type"] == "application/problem+json"
+    assert sorted(paths) == ["/health"]
