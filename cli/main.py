@@ -54,9 +54,9 @@ def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> Non
 
 
 def _register() -> None:
-    from . import demo, migrate, orders, outbox, ping, relay, sagas, seed
+    from . import demo, migrate, orders, outbox, ping, relay, sagas, seed, serve
 
-    for module in (migrate, outbox, ping, relay, seed, orders, sagas, demo):
+    for module in (migrate, outbox, ping, relay, seed, orders, sagas, demo, serve):
         for command in module.COMMANDS:
             cli.add_command(command)
 

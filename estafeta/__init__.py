@@ -26,8 +26,18 @@ from sql.errors import DatabaseError, DatabaseUnavailable, EstafetaError, LockNo
 from ._app import App, Service, load_app
 from ._binding import Binding
 from ._errors import BusinessFailure, InvalidMessage, RoutingError, SettingsError
+from ._idempotency import (
+    Idempotency,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    IdempotentRequest,
+    parse_idempotency_key,
+)
 from ._messages import from_json, to_json
 from ._outbox import Address
+from ._problem import PROBLEM_JSON, HttpResponse, Problem
 from ._redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
 from ._relaying import build_relay
 from ._runtime import Runtime
@@ -42,6 +52,7 @@ from ._watchdog import Watchdog
 __version__ = "0.2.0"
 
 __all__ = [
+    "PROBLEM_JSON",
     "Address",
     "App",
     "Binding",
@@ -49,11 +60,19 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "EstafetaError",
+    "HttpResponse",
+    "Idempotency",
+    "IdempotencyKeyInFlight",
+    "IdempotencyKeyInvalid",
+    "IdempotencyKeyMissing",
+    "IdempotencyKeyReused",
+    "IdempotentRequest",
     "InvalidMessage",
     "LockLost",
     "LockNotAcquired",
     "LockServerUnavailable",
     "Outcome",
+    "Problem",
     "RedisLock",
     "Redlock",
     "Reply",
@@ -75,6 +94,7 @@ __all__ = [
     "deliver",
     "from_json",
     "load_app",
+    "parse_idempotency_key",
     "redis_lock",
     "running",
     "to_json",

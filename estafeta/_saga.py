@@ -394,6 +394,10 @@ class Saga:
         """The saga's row as it is now (unlocked), if it exists."""
         return store.get(conn, self.table, saga_id)
 
+    def timeline(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> list[store.LogEntry]:
+        """Every logged transition of the saga, oldest first."""
+        return store.timeline(conn, self.table, saga_id)
+
     def of_key(self, conn: psycopg.Connection[Any], key: Any) -> list[uuid.UUID]:
         """The sagas started for ``key`` (an order id), oldest first."""
         return store.of_key(conn, self.table, key)
