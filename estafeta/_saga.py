@@ -13,9 +13,10 @@ Guarantees:
 - a reply moves the saga only if it answers the command the saga waits for now (same
   step, same version); duplicate, stale and late replies change nothing;
 - a business failure compensates the completed steps, each compensation once, in reverse
-  order; a step that gets no answer past its deadline is sent again and, once its attempts
-  are spent, is treated as failed — and compensated itself too, since it may have taken
-  effect;
+  order (the refused step too if its command went out more than once: an earlier send,
+  retried late, may still take effect); a step that gets no answer past its deadline is
+  sent again and, once its attempts are spent, is treated as failed — and compensated
+  itself too, since it may have taken effect;
 - a compensation that keeps failing leaves the saga ``failed`` with ``last_error``, for an
   operator (:meth:`Saga.resume` retries it once the cause is fixed).
 
@@ -188,7 +189,10 @@ class Saga:
             if reply.ok:
                 self._action_done(ctx.conn, row, reply.result, traceparent)
             else:
-                self._step_failed(ctx.conn, row, f"{row.current_step}: {reply.error}", include_current=False)
+                # An earlier send of a refused command may still take effect (it waits in a
+                # retry backoff): then the refused step is compensated too.
+                again = row.attempts > 1 or store.sends(ctx.conn, self.table, row.saga_id, row.current_step) > 1
+                self._step_failed(ctx.conn, row, f"{row.current_step}: {reply.error}", include_current=again)
         elif reply.ok:
             self._compensation_done(ctx.conn, row, traceparent)
         else:

@@ -257,6 +257,12 @@ def log(
     conn.execute(query("insert_log", table), params)
 
 
+def sends(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID, step: str) -> int:
+    """How many times the saga sent ``step``'s action (entering it, re-sends, resumes), by its log."""
+    found = conn.execute(query("count_sends", table), {"saga_id": saga_id, "step": step}).fetchone()
+    return int(found[0]) if found else 0
+
+
 def timeline(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> list[LogEntry]:
     """Every logged transition of the saga, oldest first."""
     with conn.cursor(row_factory=dict_row) as cur:

@@ -77,6 +77,14 @@ WHERE saga_id = %(saga_id)s AND version = %(version)s
 RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
           step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
 
+-- count_sends --
+-- How many times the saga sent the action of `step`: once when it entered the step, once
+-- more for each of the watchdog's re-sends and each resume by an operator.
+SELECT count(*)
+FROM {schema}.{log}
+WHERE saga_id = %(saga_id)s AND step = %(step)s AND status = 'running'
+  AND event IN ('started', 'advanced', 'resent', 'resumed')
+
 -- insert_log --
 INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
 VALUES (%(saga_id)s, %(version)s, %(status)s, %(step)s, %(event)s, %(detail)s)

@@ -129,3 +129,38 @@ def test_a_refused_reservation_is_recorded_as_the_orders_one_decision(runtime: R
     status, quantity, why = conn.execute("SELECT status, quantity, reason FROM inventory.reservations").fetchone()
     assert (status, quantity) == ("refused", 0) and "out of stock" in why
     assert (balance(conn), available(conn)) == (10_000, 1)
+
+
+def test_a_refused_step_sent_more_than_once_is_compensated_too(
+    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+) -> None:
+    # For participants that do not record their refusals: an earlier send may still take
+    # effect, so the saga undoes the refused step too (its compensation finds nothing, or
+    # undoes what the earlier send did).
+    seed(runtime, {"c1": 1_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=STEP_TIMEOUT)
+    courier.take(CHARGE)  # attempt 1 is somewhere, late
+    resend_after_the_deadline(watchdog)
+    assert courier.deliver(courier.take(CHARGE)) == "failed"
+    courier.run(hold=frozenset({"payments.refund_payment"}))
+    row = saga(conn, placed.saga_id)
+    assert row.compensations == ["charge_payment", "place_order", "notify_cancellation"]
+    assert row.current_step == "charge_payment"
+
+
+def test_a_refused_step_sent_again_by_an_operator_is_compensated_too(runtime: Runtime, conn, courier: Courier) -> None:
+    seed(runtime, {"c1": 1_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    courier.take(CHARGE)  # slow
+    with runtime.database("orders").transaction() as tx:
+        assert ORDER_SAGA.resume(tx, placed.saga_id) == "resent"  # a new version, attempts start over
+    assert courier.deliver(courier.take(CHARGE)) == "failed"
+    courier.run(hold=frozenset({"payments.refund_payment"}))
+    assert saga(conn, placed.saga_id).compensations == ["charge_payment", "place_order", "notify_cancellation"]
+
+
+def test_a_step_refused_at_its_only_send_is_not_compensated(runtime: Runtime, conn, courier: Courier) -> None:
+    seed(runtime, {"c1": 1_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    courier.run()
+    assert saga(conn, placed.saga_id).compensations == ["place_order", "notify_cancellation"]
