@@ -50,9 +50,9 @@ from sql.migrate import Migration
 from sql.sagas import KEY_TYPES, SagaRow, SagaTable
 
 from . import _outbox as outbox
-from ._errors import BusinessFailure
+from ._errors import BusinessFailure, InvalidMessage
 from ._messages import from_json, to_json
-from ._saga_model import ACTION, COMPENSATION, SagaError, SagaNotFound, SagaState, SagaStep, as_timedelta
+from ._saga_model import ACTION, COMPENSATION, SagaError, SagaNotFound, SagaState, SagaStep, SagaStuck, as_timedelta
 from ._step_spec import StepSpec
 from ._steps import REPLY_TO, Reply, StepContext
 
@@ -211,7 +211,7 @@ class Saga:
 
     def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, result: Any, tp: str | None) -> None:
         results = {**row.results, row.current_step: result}
-        index = self.steps.index(self._by_name[row.current_step])
+        index = self.steps.index(self._step(row.current_step))
         if index + 1 < len(self.steps):
             following = self.steps[index + 1].name
             self._move(conn, row, "running", following, "advanced", f"{row.current_step} done", results=results, tp=tp)
@@ -219,7 +219,7 @@ class Saga:
             self._move(conn, row, "completed", row.current_step, "completed", None, results=results)
 
     def _step_failed(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str, *, include_current: bool) -> None:
-        current = self._by_name[row.current_step]
+        current = self._step(row.current_step)
         if current.retriable:
             self._give_up(conn, row, reason)
             return
@@ -265,7 +265,7 @@ class Saga:
             row,
             status=status,
             step=step_name,
-            wait=self._wait(self._by_name[step_name], row.step_timeout, 1),
+            wait=self._wait(self._step(step_name), row.step_timeout, 1),
             results=results,
             compensations=compensations,
             last_error=error,
@@ -277,10 +277,24 @@ class Saga:
 
     # -- commands -------------------------------------------------------------------------
 
+    def _step(self, name: str) -> SagaStep:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            why = f"saga {self.name} has no step {name!r} (renamed or removed while sagas were in flight?)"
+            raise SagaStuck(why) from None
+
+    def _state(self, row: SagaRow) -> SagaState:
+        try:
+            data: Any = from_json(self.data, row.payload)
+        except InvalidMessage as exc:
+            raise SagaStuck(f"saga {self.name} {row.saga_id}: its payload no longer decodes: {exc}") from None
+        return SagaState(row.saga_id, data, row.results)
+
     def command_for(self, row: SagaRow) -> tuple[SagaStep, Any, str]:
-        """The step, command and direction a live saga waits on."""
-        current = self._by_name[row.current_step]
-        state = SagaState(row.saga_id, from_json(self.data, row.payload), row.results)
+        """The step, command and direction a live saga waits on; :class:`SagaStuck` if it cannot be built."""
+        current = self._step(row.current_step)
+        state = self._state(row)
         if row.status == "running":
             assert current.action is not None
             return current, current.action(state), ACTION
@@ -291,8 +305,11 @@ class Saga:
     def target(self, row: SagaRow) -> tuple[StepSpec, uuid.UUID]:
         """The step that handles the current command, and the message id of its latest send."""
         _, command, direction = self.command_for(row)
-        (handler,) = self.owner.router.handlers(type(command))
-        return handler, self._message_id(row, direction)
+        handlers = self.owner.router.handlers(type(command))
+        if len(handlers) != 1:
+            names = ", ".join(h.actor_name for h in handlers) or "none"
+            raise SagaStuck(f"saga {self.name}: {type(command).__name__} needs one step handling it, found: {names}")
+        return handlers[0], self._message_id(row, direction)
 
     @staticmethod
     def _message_id(row: SagaRow, direction: str) -> uuid.UUID:
@@ -339,7 +356,7 @@ class Saga:
         ``parked`` is the participant's dead-letter reason for the latest send, if it parked
         it: it goes into ``last_error`` when the step's attempts are spent.
         """
-        current = self._by_name[row.current_step]
+        current = self._step(row.current_step)
         _, _, direction = self.command_for(row)
         if row.attempts < current.max_attempts:
             wait = self._wait(current, row.step_timeout, row.attempts + 1)
@@ -378,7 +395,7 @@ class Saga:
         row = self._locked(conn, saga_id)
         if row.status not in ("running", "failed") or row.compensations is not None:
             raise SagaError(f"saga {saga_id} is {row.status}: nothing to abort")
-        if self._by_name[row.current_step].retriable:
+        if self._step(row.current_step).retriable:
             raise SagaError(
                 f"saga {saga_id} is past its point of no return ({row.current_step} is not compensated);"
                 " resume it instead"

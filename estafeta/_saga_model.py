@@ -24,6 +24,13 @@ class SagaNotFound(SagaError):
     """No saga has this id."""
 
 
+class SagaStuck(SagaError):
+    """The saga cannot move on as declared now (a deploy changed its data class, its steps or its routing).
+
+    It is failed with the reason; once the cause is fixed, ``estafeta sagas resume`` retries it.
+    """
+
+
 @attrs.frozen
 class SagaState:
     """What a step's command factories see: the saga's data and what earlier steps answered."""

@@ -225,6 +225,11 @@ def record_resend(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow,
     return _changed(conn, "record_resend", table, row, params)
 
 
+def record_error(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, error: str) -> SagaRow:
+    """Record ``error`` as the row's ``last_error`` and look again one step timeout later; return the new row."""
+    return _changed(conn, "record_error", table, row, {"saga_id": row.saga_id, "version": row.version, "error": error})
+
+
 def _changed(
     conn: psycopg.Connection[Any], name: str, table: SagaTable, row: SagaRow, params: dict[str, Any]
 ) -> SagaRow:

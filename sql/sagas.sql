@@ -85,6 +85,17 @@ FROM {schema}.{log}
 WHERE saga_id = %(saga_id)s AND step = %(step)s AND status = 'running'
   AND event IN ('started', 'advanced', 'resent', 'resumed')
 
+-- record_error --
+-- The watchdog could not handle the saga (an unexpected error): say why on the row and
+-- look again one step timeout later, so that the others are not held up by it.
+UPDATE {schema}.{table}
+SET last_error = %(error)s,
+    deadline_at = now() + step_timeout,
+    updated_at = now()
+WHERE saga_id = %(saga_id)s AND version = %(version)s
+RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+
 -- insert_log --
 INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
 VALUES (%(saga_id)s, %(version)s, %(status)s, %(step)s, %(event)s, %(detail)s)
