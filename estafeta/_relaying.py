@@ -54,7 +54,11 @@ def close_relay(relay: Relay) -> None:
 
 
 def run_lanes(relays: list[Relay], stop: threading.Event) -> None:
-    """Run ``relays`` side by side until ``stop``; a lane that crashes stops them all, and is re-raised.
+    """Run ``relays`` side by side until ``stop``.
+
+    A lane does not stop on its own (a relay backs off and carries on after any error);
+    should one die all the same (``SystemExit``, ``KeyboardInterrupt``), it stops them
+    all and is re-raised.
 
     Each lane claims its own batches, so one lane's database round trips overlap the
     other's wait for broker confirms; per-key order holds across lanes as it does
