@@ -171,6 +171,17 @@ class EnqueuePublisher:
         self.broker.close()
 
 
+def durability_warning(publisher: Publisher) -> str | None:
+    """What an operator should know at start about where ``publisher``'s confirmed messages live.
+
+    On Redis a confirmed publish is in the server's memory: the warning says so when the
+    server persists nothing. RabbitMQ confirms persistent messages once on disk.
+    """
+    from .redis import RedisPublisher
+
+    return publisher.durability_warning() if isinstance(publisher, RedisPublisher) else None
+
+
 def publisher_for(broker: dramatiq.Broker, **options: Any) -> Publisher:
     """The fastest correct publisher for ``broker``.
 

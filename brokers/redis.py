@@ -45,17 +45,24 @@ class RedisPublisher:
     and reports the broker unavailable.
     """
 
-    def __init__(self, broker: RedisBroker, client: redis.Redis) -> None:
+    def __init__(self, broker: RedisBroker, client: redis.Redis, *, wait_replicas: int = 0) -> None:
         self.broker = broker
         self.client = client
+        #: Replicas that must acknowledge a batch (``WAIT``) before it counts as confirmed.
+        self.wait_replicas = wait_replicas
+        self._wait_ms = 0
         self._max_unpack_size: int | None = None
 
     @classmethod
-    def for_broker(cls, broker: RedisBroker, *, confirm_timeout: float = 15.0, **_: Any) -> RedisPublisher:
+    def for_broker(
+        cls, broker: RedisBroker, *, confirm_timeout: float = 15.0, wait_replicas: int = 0, **_: Any
+    ) -> RedisPublisher:
         """A publisher on ``broker``'s server and namespace, whose calls time out after ``confirm_timeout``.
 
         Its own connection pool: a relay must never wait forever on a hung server, and
-        retries belong to the relay (which claims the rows again), not to redis-py.
+        retries belong to the relay (which claims the rows again), not to redis-py. With
+        ``wait_replicas``, a batch counts as confirmed only once that many replicas have
+        acknowledged it (``WAIT``, within the confirm timeout).
         """
         pool = broker.client.connection_pool
         kwargs = {
@@ -66,7 +73,10 @@ class RedisPublisher:
             "client_name": CLIENT_NAME,
         }
         client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
-        return cls(broker, client)
+        publisher = cls(broker, client, wait_replicas=wait_replicas)
+        # WAIT answers within its own timeout, before the socket's: a late replica is reported, not a hung server.
+        publisher._wait_ms = max(int(confirm_timeout * 1000) - 500, 1)
+        return publisher
 
     def publish(self, rows: Sequence[OutboxRow]) -> PublishOutcome:
         """Run Dramatiq's enqueue script for every row in one ``MULTI``/``EXEC``; report per row."""
@@ -77,8 +87,11 @@ class RedisPublisher:
         encoded, unencodable = encode_each(rows, _with_redis_id)
         try:
             results = self._execute(encoded) if encoded else []
+            short = self._replicas_short() if encoded else None
         except redis.RedisError as exc:
             return PublishOutcome(failed=unencodable, broker_error=f"Redis: {describe(exc)}")
+        if short:
+            return PublishOutcome(failed=unencodable, broker_error=short)
         outcome = PublishOutcome(failed=unencodable)
         for (row, _), result in zip(encoded, results, strict=True):
             if isinstance(result, Exception):
@@ -86,6 +99,39 @@ class RedisPublisher:
             else:
                 outcome.confirmed.append(row.id)
         return outcome
+
+    def _replicas_short(self) -> str | None:
+        """Why the batch just written is not confirmed yet: too few replicas acknowledged it (``WAIT``)."""
+        if not self.wait_replicas:
+            return None
+        acknowledged = int(self.client.wait(self.wait_replicas, self._wait_ms or 1000))
+        if acknowledged >= self.wait_replicas:
+            return None
+        return (
+            f"Redis: only {acknowledged} of {self.wait_replicas} replica(s) acknowledged the batch"
+            f" within {self._wait_ms} ms (wait={self.wait_replicas}); it stays in the outbox"
+        )
+
+    def durability_warning(self) -> str | None:
+        """A warning when the Redis published to persists nothing (no append-only file, no snapshots).
+
+        ``None`` when it persists, or when it does not let us ask (``CONFIG`` disabled).
+        """
+        try:
+            appendonly = self.client.config_get("appendonly").get("appendonly")
+            save = self.client.config_get("save").get("save")
+        except redis.RedisError as exc:
+            logger.info("relay: cannot tell whether Redis persists its data (%s)", describe(exc))
+            return None
+        if appendonly != "no" or save:
+            return None
+        where = self.client.connection_pool.connection_kwargs
+        return (
+            f'Redis at {where.get("host")}:{where.get("port")} persists nothing (appendonly no, save ""):'
+            " a message the relay has published and deleted from the outbox lives only in Redis's memory"
+            " until a worker takes it, and a Redis restart loses it; turn on appendonly (see README.md,"
+            " 'Redis durability')"
+        )
 
     def _unpack_size(self) -> int:
         """What ``RedisBroker._max_unpack_size`` computes, asked through this publisher's client."""

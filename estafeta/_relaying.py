@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -10,11 +11,14 @@ from typing import Any
 import dramatiq
 from psycopg import conninfo
 
-from brokers.publish import publisher_for
+from brokers import wait_replicas
+from brokers.publish import durability_warning, publisher_for
 from brokers.relay import Outbox, Relay, RelayConfig
 from sql.pool import Database
 
 from ._runtime import Runtime
+
+logger = logging.getLogger(__name__)
 
 #: ``application_name`` of the relay's pooled connections (``pg_stat_activity``).
 APPLICATION_NAME = "estafeta-relay"
@@ -42,7 +46,12 @@ def build_relay(runtime: Runtime, broker: dramatiq.Broker, services: Sequence[st
             named = conninfo.make_conninfo(dsn, application_name=APPLICATION_NAME)
             databases[dsn] = Database(named, min_size=1, max_size=2)
         outboxes.append(Outbox(name, databases[dsn]))
-    options = {"confirm_timeout": overrides["confirm_timeout"]} if overrides.get("confirm_timeout") else {}
+    options: dict[str, Any] = (
+        {"confirm_timeout": overrides["confirm_timeout"]} if overrides.get("confirm_timeout") else {}
+    )
+    replicas = wait_replicas(settings.broker_url)
+    if replicas:
+        options["wait_replicas"] = replicas
     return Relay(outboxes, publisher_for(broker, **options), config)
 
 
@@ -64,6 +73,10 @@ def run_lanes(relays: list[Relay], stop: threading.Event) -> None:
     other's wait for broker confirms; per-key order holds across lanes as it does
     across relay processes.
     """
+    if relays:
+        warning = durability_warning(relays[0].publisher)
+        if warning:
+            logger.warning("relay: %s", warning)
     errors: list[BaseException] = []
 
     def lane(relay: Relay) -> None:
