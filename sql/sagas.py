@@ -20,7 +20,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import queries
+from . import queries, retention
 from .migrate import Migration
 
 #: Statuses of a saga that is still waiting for a reply.
@@ -342,3 +342,22 @@ def outcomes(
 ) -> list[tuple[str, str | None]]:
     """(status, last_error) of each of ``saga_ids``."""
     return [(str(s), e) for s, e in conn.execute(query("outcomes", table), {"ids": list(saga_ids)}).fetchall()]
+
+
+def prune_log(
+    conn: psycopg.Connection[Any],
+    table: SagaTable,
+    older_than: timedelta,
+    *,
+    batch_size: int = 1000,
+    dry_run: bool = False,
+) -> int:
+    """Delete the log of sagas completed or compensated more than ``older_than`` ago; return how many rows.
+
+    Failed and live sagas keep their log; saga rows are never deleted. With ``dry_run``,
+    count instead.
+    """
+    params = {"older_than": older_than, "batch": batch_size}
+    if dry_run:
+        return retention.count(conn, query("count_prunable_log", table), params)
+    return retention.delete_in_batches(conn, query("prune_log", table), params)

@@ -161,3 +161,27 @@ WHERE saga_id = ANY(%(ids)s::uuid[]) AND status IN ('completed', 'compensated', 
 SELECT status, last_error
 FROM {schema}.{table}
 WHERE saga_id = ANY(%(ids)s::uuid[])
+
+-- prune_log --
+-- The transitions of sagas that completed or compensated longer than the retention ago,
+-- a batch at a time, oldest log rows first (the primary key's order). Failed sagas keep
+-- their log for the operator who will resume them; the saga rows themselves stay (an
+-- idempotent placement finds its saga by key).
+DELETE FROM {schema}.{log}
+WHERE id IN (SELECT l.id FROM {schema}.{log} AS l
+             WHERE l.at < now() - %(older_than)s::interval
+               AND EXISTS (SELECT 1 FROM {schema}.{table} AS s
+                           WHERE s.saga_id = l.saga_id
+                             AND s.status IN ('completed', 'compensated')
+                             AND s.completed_at < now() - %(older_than)s::interval)
+             ORDER BY l.id
+             LIMIT %(batch)s
+             FOR UPDATE SKIP LOCKED)
+
+-- count_prunable_log --
+SELECT count(*) FROM {schema}.{log} AS l
+WHERE l.at < now() - %(older_than)s::interval
+  AND EXISTS (SELECT 1 FROM {schema}.{table} AS s
+              WHERE s.saga_id = l.saga_id
+                AND s.status IN ('completed', 'compensated')
+                AND s.completed_at < now() - %(older_than)s::interval)
