@@ -198,6 +198,10 @@ class Saga:
         else:
             self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}")
 
+    def awaits(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
+        """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context."""
+        return self._answers_current(row, context)
+
     def _answers_current(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
         direction = ACTION if row.status == "running" else COMPENSATION
         return (

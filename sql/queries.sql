@@ -144,6 +144,40 @@ FROM {schema}.dead_letters
 ORDER BY id DESC
 LIMIT %(limit)s
 
+-- search_dead_letters --
+-- Newest first; all, or those in one status.
+SELECT id, consumer, message_id, message, reason, created_at, status, resolved_at, replayed_as, note
+FROM {schema}.dead_letters
+WHERE %(status)s::text IS NULL OR status = %(status)s::text
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- dead_letter_causes --
+-- What grouping needs of the parked dead letters: no payloads.
+SELECT id, consumer, reason, created_at
+FROM {schema}.dead_letters
+WHERE status = 'parked'
+ORDER BY id
+
+-- get_dead_letters --
+SELECT id, consumer, message_id, message, reason, created_at, status, resolved_at, replayed_as, note
+FROM {schema}.dead_letters
+WHERE id = ANY(%(ids)s::bigint[])
+ORDER BY id
+
+-- lock_dead_letter --
+-- A replay holds the dead letter until its transaction ends: a second replay waits, then
+-- finds it resolved.
+SELECT id, consumer, message_id, message, reason, created_at, status, resolved_at, replayed_as, note
+FROM {schema}.dead_letters
+WHERE id = %(id)s
+FOR UPDATE
+
+-- resolve_dead_letter --
+UPDATE {schema}.dead_letters
+SET status = %(status)s, resolved_at = now(), replayed_as = %(replayed_as)s, note = %(note)s
+WHERE id = %(id)s AND status = 'parked'
+
 -- prune_inbox --
 -- Inbox records older than the retention, a batch at a time, in a short transaction of
 -- their own, skipping rows a delivery holds (never waiting on one). The record of a
