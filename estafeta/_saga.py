@@ -52,7 +52,18 @@ from sql.sagas import KEY_TYPES, SagaRow, SagaTable
 from . import _outbox as outbox
 from ._errors import BusinessFailure, InvalidMessage
 from ._messages import from_json, to_json
-from ._saga_model import ACTION, COMPENSATION, SagaError, SagaNotFound, SagaState, SagaStep, SagaStuck, as_timedelta
+from ._saga_model import (
+    ACTION,
+    COMPENSATION,
+    SagaError,
+    SagaNotFound,
+    SagaState,
+    SagaStep,
+    SagaStuck,
+    as_timedelta,
+    following,
+    taken,
+)
 from ._step_spec import StepSpec
 from ._steps import REPLY_TO, Reply, StepContext
 
@@ -114,6 +125,10 @@ class Saga:
             )
         if any(s.action is None for s in self.after_compensation):
             raise ValueError(f"saga {self.name}: steps after compensation need an action")
+        if any(s.then is not None for s in self.after_compensation):
+            raise ValueError(f"saga {self.name}: steps after compensation run in order, they cannot choose")
+        if any(s.then is not None and s.action is None for s in self.steps):
+            raise ValueError(f"saga {self.name}: a step without an action cannot choose the next one")
 
     @property
     def reply_actor(self) -> str:
@@ -187,7 +202,10 @@ class Saga:
         traceparent = ctx.options.get("traceparent")
         if context["direction"] == ACTION:
             if reply.ok:
-                self._action_done(ctx.conn, row, reply.result, traceparent)
+                try:
+                    self._action_done(ctx.conn, row, reply.result, traceparent)
+                except SagaStuck as exc:  # its choice of the next step is not a step: for an operator
+                    self._give_up(ctx.conn, row, f"{row.current_step}: {exc}")
             else:
                 # An earlier send of a refused command may still take effect (it waits in a
                 # retry backoff): then the refused step is compensated too.
@@ -215,20 +233,31 @@ class Saga:
 
     def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, result: Any, tp: str | None) -> None:
         results = {**row.results, row.current_step: result}
-        index = self.steps.index(self._step(row.current_step))
-        if index + 1 < len(self.steps):
-            following = self.steps[index + 1].name
-            self._move(conn, row, "running", following, "advanced", f"{row.current_step} done", results=results, tp=tp)
+        current = self._step(row.current_step)
+        state = (
+            self._state(attrs.evolve(row, results=results)) if current.then else SagaState(row.saga_id, None, results)
+        )
+        step = following(self.steps, current, state)
+        if step is not None and current.then and step in taken(self.steps, state):
+            raise SagaStuck(f"step {current.name} chose {step.name!r}, which this saga has done already")
+        if step is not None:
+            detail = f"{current.name} done" + (f", {step.name} chosen" if current.then else "")
+            self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp)
         else:
             self._move(conn, row, "completed", row.current_step, "completed", None, results=results)
+
+    def _done_before(self, row: SagaRow, current: SagaStep) -> list[SagaStep]:
+        """The steps done before the current one, in order: the path taken (by index when nothing branches)."""
+        if any(s.then for s in self.steps):
+            return taken(self.steps, self._state(row))
+        return list(self.steps[: self.steps.index(current)])
 
     def _step_failed(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str, *, include_current: bool) -> None:
         current = self._step(row.current_step)
         if current.retriable:
             self._give_up(conn, row, reason)
             return
-        index = self.steps.index(current)
-        done = self.steps[: index + 1] if include_current else self.steps[:index]
+        done = self._done_before(row, current) + ([current] if include_current else [])
         plan = [s.name for s in reversed(done) if s.compensation] + [s.name for s in self.after_compensation]
         if not plan:
             self._move(

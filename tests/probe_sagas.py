@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import attrs
 
-from estafeta import Saga, SagaState, SagaStep, StepContext
+from estafeta import BusinessFailure, Saga, SagaState, SagaStep, StepContext
 
 from .probe import SERVICE
 
@@ -71,5 +72,93 @@ TWICE = Saga(
     steps=[
         SagaStep("first", action=_once),
         SagaStep("second", action=lambda s: Twice(_probe_id(s))),
+    ],
+)
+
+
+# -- a branching saga: a loan approved in full is disbursed; approved in part, reviewed first --
+
+
+@attrs.frozen
+class Loan:
+    """The loan saga's data."""
+
+    loan_id: uuid.UUID
+    amount: int
+    #: What the approver grants at most.
+    limit: int = 1_000
+    #: Makes the disbursal a business failure (the treasury refuses).
+    refuse_disbursal: bool = False
+
+
+@attrs.frozen
+class LoanStep:
+    """Do (or, with ``undo``, undo) one step of a loan; the probe steps record it in ``probe.test_ledger``."""
+
+    loan_id: uuid.UUID
+    step: str
+    amount: int = 0
+    limit: int = 0
+    refuse: bool = False
+    undo: bool = False
+
+
+@SERVICE.step(LoanStep, name="test_loan_step")
+def loan_step(ctx: StepContext, command: LoanStep) -> dict[str, int]:
+    if command.refuse and not command.undo:
+        raise BusinessFailure(f"the treasury refuses to disburse loan {command.loan_id}")
+    ctx.conn.execute(
+        "INSERT INTO probe.test_ledger (loan_id, step, direction) VALUES (%s, %s, %s)",
+        (command.loan_id, command.step, "undone" if command.undo else "done"),
+    )
+    return {"approved": min(command.amount, command.limit)} if command.step == "approve" else {}
+
+
+def _loan(state: SagaState) -> Loan:
+    data = state.data
+    assert isinstance(data, Loan)
+    return data
+
+
+def _do(step: str) -> Any:
+    def build(state: SagaState) -> LoanStep:
+        loan = _loan(state)
+        refuse = step == "disburse" and loan.refuse_disbursal
+        return LoanStep(loan.loan_id, step, amount=loan.amount, limit=loan.limit, refuse=refuse)
+
+    return build
+
+
+def _undo(step: str) -> Any:
+    return lambda state: LoanStep(_loan(state).loan_id, step, undo=True)
+
+
+def _after_approval(state: SagaState) -> str:
+    # The branch: the approver's answer decides the next step.
+    return "disburse" if state.results["approve"]["approved"] >= _loan(state).amount else "review"
+
+
+#: approve -> disburse, or approve -> review -> disburse (a partial approval is reviewed by hand).
+LOAN = Saga(
+    "loan",
+    service=SERVICE,
+    data=Loan,
+    key="loan_id",
+    steps=[
+        SagaStep("approve", action=_do("approve"), compensation=_undo("approve"), then=_after_approval),
+        SagaStep("review", action=_do("review"), compensation=_undo("review")),
+        SagaStep("disburse", action=_do("disburse"), compensation=_undo("disburse")),
+    ],
+)
+
+#: Its approval chooses a step it does not have (a typo, or a step renamed by a deploy).
+TYPO = Saga(
+    "typo",
+    service=SERVICE,
+    data=Loan,
+    key="loan_id",
+    steps=[
+        SagaStep("approve", action=_do("approve"), compensation=_undo("approve"), then=lambda s: "disburse_now"),
+        SagaStep("disburse", action=_do("disburse")),
     ],
 )
