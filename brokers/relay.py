@@ -87,6 +87,7 @@ class Relay:
         self.idle = threading.Event()
         #: Drains so far: each starts the round robin from the next outbox.
         self._turn = 0
+        self._listeners: list[_Listener] = []
 
     def relay_batch(self, outbox: Outbox) -> BatchResult:
         """Claim, publish and settle one batch of ``outbox``."""
@@ -213,11 +214,17 @@ class Relay:
                 listener.join(timeout=self.config.poll_interval + 5)
             self.publisher.close()
 
+    @property
+    def listening(self) -> bool:
+        """Whether every database's listener is connected and has asked for the drain that follows (running relays)."""
+        return bool(self._listeners) and all(listener.listening.is_set() for listener in self._listeners)
+
     def _start_listeners(self, stop: threading.Event) -> list[threading.Thread]:
         listeners = [
             _Listener(dsn, self.wake, stop, self.config.poll_interval)
             for dsn in sorted({o.database.dsn for o in self.outboxes})
         ]
+        self._listeners = listeners
         for listener in listeners:
             listener.start()
         # A stop must end the wait for a wake-up at once, not after a poll interval.
@@ -243,6 +250,8 @@ class _Listener(threading.Thread):
         self.wake = wake
         self.stop = stop
         self.interval = interval
+        #: Set once LISTEN took effect and the drain for what came before it was asked for.
+        self.listening = threading.Event()
 
     def run(self) -> None:
         failures = 0
@@ -253,11 +262,13 @@ class _Listener(threading.Thread):
                     failures = 0
                     # Anything committed before LISTEN took effect was missed: drain once.
                     self.wake.set()
+                    self.listening.set()
                     while not self.stop.is_set():
                         # A short timeout, so that a stopping relay does not wait for a poll interval.
                         for _ in conn.notifies(timeout=min(self.interval, 0.5), stop_after=1):
                             self.wake.set()
             except Exception as exc:
+                self.listening.clear()
                 failures += 1
                 # Reconnect quickly (the poll covers the gap), slower while it keeps failing.
                 pause = min(0.05 * 2**failures, self.interval, 5.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import uuid
 from collections import Counter
@@ -81,3 +82,15 @@ def settle(ctx: StepContext, command: Settle) -> None:
         " VALUES (%s, %s, %s, %s, %s)",
         (command.order_id, ctx.message_id, not row[0], command.amount_cents, os.getpid()),
     )
+
+
+@attrs.frozen
+class Crash:
+    """Kill the worker process that runs it, with SIGKILL (as an OOM kill or a segfault would)."""
+
+    ping_id: uuid.UUID
+
+
+@SERVICE.step(Crash, name="test_crash")
+def crash(ctx: StepContext, command: Crash) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
