@@ -1,14 +1,15 @@
 """The Inventory service: stock per SKU, reserved and released once per order.
 
 Like payments: serialised on the order id, idempotent by the reservation row's status
-(one row per order, ever), and a release that finds no reservation leaves a
-``released`` row of quantity 0 so that a reservation arriving late is refused.
+(one row per order, ever), a refused reservation leaves a ``refused`` row (the order's
+one decision), and a release that finds no reservation leaves a ``released`` row of
+quantity 0 so that a reservation arriving late is refused.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import psycopg
@@ -47,14 +48,21 @@ def _order_lock(command: ReserveStock | ReleaseStock) -> str:
 
 @SERVICE.step(ReserveStock, lock=_order_lock)
 def reserve_stock(ctx: StepContext, command: ReserveStock) -> dict[str, Any]:
-    """Reserve the stock once; refuse (business failure) an unknown SKU or too little stock."""
+    """Reserve the stock once; refuse (business failure) an unknown SKU or too little stock.
+
+    A refusal is the order's one decision: recorded, so a reservation of the order retried
+    later is refused too.
+    """
     conn = ctx.conn
     found = conn.execute(
-        "SELECT status, quantity FROM inventory.reservations WHERE order_id = %s", (command.order_id,)
+        "SELECT status, quantity, reason FROM inventory.reservations WHERE order_id = %s", (command.order_id,)
     ).fetchone()
     if found is not None:
-        if found[0] == "reserved":
-            return {"reserved": int(found[1])}
+        status, quantity, reason = found
+        if status == "reserved":
+            return {"reserved": int(quantity)}
+        if status == "refused":
+            raise BusinessFailure(f"order {command.order_id} was refused before: {reason}")
         raise BusinessFailure(f"order {command.order_id} was cancelled before its stock could be reserved")
     taken = conn.execute(
         """UPDATE inventory.stock SET available = available - %(quantity)s, updated_at = now()
@@ -62,18 +70,32 @@ def reserve_stock(ctx: StepContext, command: ReserveStock) -> dict[str, Any]:
         {"quantity": command.quantity, "sku": command.sku},
     ).rowcount
     if not taken:
-        available = conn.execute("SELECT available FROM inventory.stock WHERE sku = %s", (command.sku,)).fetchone()
-        if available is None:
-            raise BusinessFailure(f"unknown SKU {command.sku}")
-        raise BusinessFailure(
-            f"out of stock: {available[0]} of {command.sku} left, order {command.order_id} needs {command.quantity}"
-        )
+        _refuse(ctx, command, _why_not(conn, command))
     conn.execute(
         """INSERT INTO inventory.reservations (order_id, sku, quantity, status, saga_id)
            VALUES (%s, %s, %s, 'reserved', %s)""",
         (command.order_id, command.sku, command.quantity, ctx.saga_id),
     )
     return {"reserved": command.quantity}
+
+
+def _why_not(conn: psycopg.Connection[Any], command: ReserveStock) -> str:
+    available = conn.execute("SELECT available FROM inventory.stock WHERE sku = %s", (command.sku,)).fetchone()
+    if available is None:
+        return f"unknown SKU {command.sku}"
+    return f"out of stock: {available[0]} of {command.sku} left, order {command.order_id} needs {command.quantity}"
+
+
+def _refuse(ctx: StepContext, command: ReserveStock, reason: str) -> NoReturn:
+    def record(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(
+            """INSERT INTO inventory.reservations (order_id, sku, quantity, status, saga_id, reason)
+               VALUES (%s, %s, 0, 'refused', %s, %s)""",
+            (command.order_id, command.sku, ctx.saga_id, reason),
+        )
+
+    ctx.on_refusal(record)
+    raise BusinessFailure(reason)
 
 
 @SERVICE.step(ReleaseStock, lock=_order_lock)
@@ -92,7 +114,7 @@ def release_stock(ctx: StepContext, command: ReleaseStock) -> dict[str, Any]:
         )
         return {"released": 0}
     status, quantity, sku = found
-    if status == "released":
+    if status in ("released", "refused"):
         return {"released": 0}
     returned = conn.execute(
         "UPDATE inventory.stock SET available = available + %s, updated_at = now() WHERE sku = %s", (quantity, sku)

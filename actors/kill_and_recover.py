@@ -10,7 +10,9 @@ and ``estafeta relay``, places the orders (``estafeta orders place --count N``),
 the workers and the relay once a quarter of the sagas have ended and restarts them,
 SIGKILLs the workers again once half have ended, while sagas are compensating, and restarts them, then waits
 until every saga has ended and checks that every order's money and stock is accounted
-for. Names carry a prefix of their own, so the database may hold other data.
+for. Names carry a prefix of their own, so the database may hold other data. With
+``--service-database payments=postgresql://...`` (repeatable; ``extra_env`` with
+``ESTAFETA_<SERVICE>_DATABASE_URL`` from Python) a service runs in a database of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any
 import attrs
 import click
 import psycopg
+
+from estafeta import Runtime, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,6 +117,8 @@ class KillAndRecover:
             PYTHONPATH=str(ROOT),
             **(extra_env or {}),
         )
+        # ESTAFETA_<SERVICE>_DATABASE_URL in extra_env: each service in its own database.
+        self.settings = Settings.from_env(self.env)
         self.kills: list[dict[str, Any]] = []
         self.workers: Child | None = None
         self.relay: Child | None = None
@@ -135,7 +141,7 @@ class KillAndRecover:
 
     def counts(self) -> dict[str, int]:
         """This run's sagas by status."""
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
+        with psycopg.connect(self.settings.database_url_for("orders"), autocommit=True) as conn:
             rows = conn.execute(
                 """SELECT s.status, count(*) FROM orders.saga_order s JOIN orders.orders o USING (order_id)
                    WHERE starts_with(o.customer_id, %s) GROUP BY s.status""",
@@ -207,12 +213,10 @@ class KillAndRecover:
 
     def report(self, seconds: float) -> dict[str, Any]:
         """Final counts and the reconciliation of money and stock."""
-        from estafeta import Runtime, Settings
-
         from .order_saga import reconcile
 
         plan, prefix = self.plan, self.prefix
-        runtime = Runtime(Settings(database_url=self.database_url))
+        runtime = Runtime(self.settings)
         try:
             with runtime.database("orders").connection() as conn:
                 query = "SELECT order_id FROM orders.orders WHERE starts_with(customer_id, %s)"
@@ -223,6 +227,7 @@ class KillAndRecover:
         finally:
             runtime.close()
         return {
+            "prefix": prefix,
             "orders": len(order_ids),
             "seconds": round(seconds, 1),
             "kills": self.kills,
@@ -241,16 +246,36 @@ class KillAndRecover:
 @click.option("--processes", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--step-timeout", type=click.FloatRange(min=0.1), default=20.0, show_default=True)
 @click.option("--no-kill", is_flag=True, help="Kill nothing: the baseline run.")
+@click.option(
+    "--service-database",
+    "service_databases",
+    multiple=True,
+    metavar="SERVICE=DSN",
+    help="A database of its own for SERVICE (repeatable).",
+)
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".estafeta/kill-logs"))
 def main(
-    database_url: str, broker_url: str, orders: int, processes: int, step_timeout: float, no_kill: bool, log_dir: Path
+    database_url: str,
+    broker_url: str,
+    orders: int,
+    processes: int,
+    step_timeout: float,
+    no_kill: bool,
+    service_databases: tuple[str, ...],
+    log_dir: Path,
 ) -> None:
     """Place ORDERS orders, kill workers and relay mid-way, and check that every order is accounted for."""
     import json
 
     log_dir.mkdir(parents=True, exist_ok=True)
     plan = Plan(orders=orders, processes=processes, step_timeout=step_timeout, kill=not no_kill)
-    report = KillAndRecover(database_url, broker_url, plan, log_dir).run()
+    extra = {}
+    for item in service_databases:
+        service, separator, dsn = item.partition("=")
+        if not separator or not service.isidentifier():
+            raise click.BadParameter(f"{item!r} is not SERVICE=DSN", param_hint="--service-database")
+        extra[f"ESTAFETA_{service.upper()}_DATABASE_URL"] = dsn
+    report = KillAndRecover(database_url, broker_url, plan, log_dir, extra_env=extra).run()
     click.echo(json.dumps(report, indent=2, default=str))
     if not report["reconciled"] or report["sagas"].get("failed"):
         sys.exit(1)

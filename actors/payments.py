@@ -2,14 +2,16 @@
 
 Both steps serialise on the order id and are idempotent by the payment row's status
 (one row per order, ever): a second charge returns the first payment, a second refund
-changes nothing, and a refund that finds no charge leaves a ``refunded`` row of 0 cents
-so that a charge arriving after its saga gave up on it is refused.
+changes nothing, a refused charge leaves a ``refused`` row (one decision per order: a
+charge of that order retried later is refused too), and a refund that finds no charge
+leaves a ``refunded`` row of 0 cents so that a charge arriving after its saga gave up on
+it is refused.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import psycopg
@@ -52,14 +54,21 @@ def _order_lock(command: ChargePayment | RefundPayment) -> str:
 
 @SERVICE.step(ChargePayment, lock=_order_lock)
 def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
-    """Charge the order once; refuse (business failure) without an account or enough money."""
+    """Charge the order once; refuse (business failure) without an account or enough money.
+
+    A refusal is the order's one decision: it is recorded, and every later charge of the
+    order (an earlier send of the command, retried late) is refused too.
+    """
     conn = ctx.conn
     found = conn.execute(
-        "SELECT payment_id, status FROM payments.payments WHERE order_id = %s", (command.order_id,)
+        "SELECT payment_id, status, reason FROM payments.payments WHERE order_id = %s", (command.order_id,)
     ).fetchone()
     if found is not None:
-        if found[1] == "charged":
-            return {"payment_id": str(found[0])}
+        payment_id, status, reason = found
+        if status == "charged":
+            return {"payment_id": str(payment_id)}
+        if status == "refused":
+            raise BusinessFailure(f"order {command.order_id} was refused before: {reason}")
         raise BusinessFailure(f"order {command.order_id} was cancelled before it could be charged")
     taken = conn.execute(
         """UPDATE payments.accounts SET balance_cents = balance_cents - %(amount)s, updated_at = now()
@@ -67,15 +76,7 @@ def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
         {"amount": command.amount_cents, "customer": command.customer_id},
     ).rowcount
     if not taken:
-        balance = conn.execute(
-            "SELECT balance_cents FROM payments.accounts WHERE customer_id = %s", (command.customer_id,)
-        ).fetchone()
-        if balance is None:
-            raise BusinessFailure(f"customer {command.customer_id} has no account")
-        raise BusinessFailure(
-            f"insufficient funds: customer {command.customer_id} has {balance[0]} cents,"
-            f" order {command.order_id} needs {command.amount_cents}"
-        )
+        _refuse(ctx, command, _why_not(conn, command))
     payment_id = uuid.uuid4()
     conn.execute(
         """INSERT INTO payments.payments (payment_id, order_id, customer_id, amount_cents, status, saga_id)
@@ -83,6 +84,30 @@ def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
         (payment_id, command.order_id, command.customer_id, command.amount_cents, ctx.saga_id),
     )
     return {"payment_id": str(payment_id)}
+
+
+def _why_not(conn: psycopg.Connection[Any], command: ChargePayment) -> str:
+    balance = conn.execute(
+        "SELECT balance_cents FROM payments.accounts WHERE customer_id = %s", (command.customer_id,)
+    ).fetchone()
+    if balance is None:
+        return f"customer {command.customer_id} has no account"
+    return (
+        f"insufficient funds: customer {command.customer_id} has {balance[0]} cents,"
+        f" order {command.order_id} needs {command.amount_cents}"
+    )
+
+
+def _refuse(ctx: StepContext, command: ChargePayment, reason: str) -> NoReturn:
+    def record(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(
+            """INSERT INTO payments.payments (payment_id, order_id, customer_id, amount_cents, status, saga_id, reason)
+               VALUES (%s, %s, %s, 0, 'refused', %s, %s)""",
+            (uuid.uuid4(), command.order_id, command.customer_id, ctx.saga_id, reason),
+        )
+
+    ctx.on_refusal(record)
+    raise BusinessFailure(reason)
 
 
 @SERVICE.step(RefundPayment, lock=_order_lock)
@@ -101,7 +126,7 @@ def refund_payment(ctx: StepContext, command: RefundPayment) -> dict[str, Any]:
         )
         return {"refunded_cents": 0}
     status, amount, customer = found
-    if status == "refunded":
+    if status in ("refunded", "refused"):
         return {"refunded_cents": 0}
     returned = conn.execute(
         "UPDATE payments.accounts SET balance_cents = balance_cents + %s, updated_at = now() WHERE customer_id = %s",

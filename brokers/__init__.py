@@ -40,6 +40,16 @@ def check_url(url: str) -> None:
     if parts.scheme != "stub" and not parts.hostname:
         raise ValueError(f"no host in {redact_url(url)}")
     del port
+    wait_replicas(url)
+
+
+def _split_query(url: str, name: str) -> tuple[str, str | None]:
+    """``url`` without its query parameter ``name``, and that parameter's value."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    value = next((v for key, v in query if key == name), None)
+    rest = urlencode([(key, v) for key, v in query if key != name])
+    return urlunsplit(parts._replace(query=rest)), value
 
 
 def split_namespace(url: str) -> tuple[str, str | None]:
@@ -48,11 +58,25 @@ def split_namespace(url: str) -> tuple[str, str | None]:
     ``redis://host:6379/0?namespace=shop`` lets several applications (or test runs)
     share one Redis database; redis-py itself would reject the unknown parameter.
     """
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    namespace = next((value for key, value in query if key == "namespace"), None)
-    rest = urlencode([(key, value) for key, value in query if key != "namespace"])
-    return urlunsplit(parts._replace(query=rest)), namespace
+    return _split_query(url, "namespace")
+
+
+def wait_replicas(url: str) -> int:
+    """The ``wait`` query parameter of a Redis URL: replicas that must hold a batch before it counts as confirmed.
+
+    ``redis://host:6379/0?wait=1`` makes the relay run ``WAIT 1`` after each batch: a
+    batch the replicas did not acknowledge within the confirm timeout stays in the outbox
+    and is published again (the consumers' inbox absorbs the copies). 0 (the default):
+    confirmed once in the primary's memory. ``ValueError`` for a bad value or another scheme.
+    """
+    _, value = _split_query(url, "wait")
+    if value is None:
+        return 0
+    if urlsplit(url).scheme not in ("redis", "rediss"):
+        raise ValueError(f"the wait parameter is for Redis URLs only, not {redact_url(url)}")
+    if not value.isdigit():
+        raise ValueError(f"wait={value!r} in {redact_url(url)} is not a number of replicas")
+    return int(value)
 
 
 def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
@@ -75,6 +99,7 @@ def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
         from dramatiq.brokers.redis import RedisBroker
 
         url, namespace = split_namespace(url)
+        url, _ = _split_query(url, "wait")  # the relay's business (wait_replicas), not redis-py's
         if namespace:
             options.setdefault("namespace", namespace)
         broker = RedisBroker(url=url, **options)  # type: ignore[no-untyped-call]

@@ -9,8 +9,8 @@ Publishers never retry on their own; the relay claims the row again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import dramatiq
@@ -19,6 +19,8 @@ import dramatiq.errors
 from sql.outbox import OutboxRow
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -112,6 +114,30 @@ def after_refusals(rows: Iterable[OutboxRow], refused: Iterable[int]) -> list[Ou
     return kept
 
 
+def encode_each(
+    rows: Iterable[OutboxRow], encode_row: Callable[[OutboxRow], T]
+) -> tuple[list[tuple[OutboxRow, T]], dict[int, str]]:
+    """Each row with what ``encode_row`` made of it, and the rows it could not encode, with why.
+
+    A row that cannot be encoded (its message is not what the outbox writes: edited by
+    hand, written by a bug) is the row's fault: it counts a failed attempt, alone, and
+    its key's later rows wait behind it, as for a refusal.
+    """
+    encoded: list[tuple[OutboxRow, T]] = []
+    failed: dict[int, str] = {}
+    stopped: set[str] = set()
+    for row in rows:
+        if row.ordering_key is not None and row.ordering_key in stopped:
+            continue
+        try:
+            encoded.append((row, encode_row(row)))
+        except Exception as exc:
+            failed[row.id] = f"the row cannot be encoded as a Dramatiq message: {describe(exc)}"
+            if row.ordering_key is not None:
+                stopped.add(row.ordering_key)
+    return encoded, failed
+
+
 class EnqueuePublisher:
     """Publishes through ``broker.enqueue``, one message at a time.
 
@@ -143,6 +169,17 @@ class EnqueuePublisher:
 
     def close(self) -> None:
         self.broker.close()
+
+
+def durability_warning(publisher: Publisher) -> str | None:
+    """What an operator should know at start about where ``publisher``'s confirmed messages live.
+
+    On Redis a confirmed publish is in the server's memory: the warning says so when the
+    server persists nothing. RabbitMQ confirms persistent messages once on disk.
+    """
+    from .redis import RedisPublisher
+
+    return publisher.durability_warning() if isinstance(publisher, RedisPublisher) else None
 
 
 def publisher_for(broker: dramatiq.Broker, **options: Any) -> Publisher:

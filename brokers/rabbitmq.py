@@ -4,7 +4,9 @@ Dramatiq's ``RabbitmqBroker.enqueue`` with ``confirm_delivery`` waits for each c
 before the next publish: one round trip per message. This publisher sends the whole
 batch on a confirm-mode channel, then waits for the acks and nacks. The bytes and
 queues are Dramatiq's own: the message body is ``Message.encode()``, the properties are
-those ``enqueue`` sets (persistent, ``broker_priority``), and each queue is declared with
+those ``enqueue`` sets (persistent, ``broker_priority``) plus the message id (which
+matches a returned message to its row without reading its body; workers ignore it),
+and each queue is declared with
 its ``.DQ`` and ``.XQ`` exactly as ``RabbitmqBroker`` declares them, so unmodified
 ``dramatiq`` workers consume what it publishes.
 
@@ -21,7 +23,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import dramatiq
 import pika
 import pika.exceptions
 import pika.spec
@@ -30,7 +31,7 @@ from dramatiq.common import dq_name, xq_name
 
 from sql.outbox import OutboxRow
 
-from .publish import PublishOutcome, after_refusals, describe, encode
+from .publish import PublishOutcome, after_refusals, describe, encode, encode_each
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +106,10 @@ class RabbitmqPublisher:
             refused = self._declare(sorted({row.queue_name for row in rows}))
         except Unavailable as exc:
             return PublishOutcome(broker_error=str(exc))
-        failed = {row.id: refused[row.queue_name] for row in rows if row.queue_name in refused}
-        sendable = after_refusals(rows, failed)
-        batch = _Batch(sendable)
+        encoded, failed = encode_each(rows, encode)
+        failed.update({row.id: refused[row.queue_name] for row, _ in encoded if row.queue_name in refused})
+        sendable = {row.id for row in after_refusals(rows, failed)}
+        batch = _Batch([(row, body) for row, body in encoded if row.id in sendable])
         try:
             self._link.publish(batch, self.confirm_timeout)
         except Unavailable as exc:
@@ -142,16 +144,20 @@ def _named(parameters: pika.ConnectionParameters) -> pika.ConnectionParameters:
 
 
 class _Batch:
-    """The rows of one publish and what RabbitMQ said about each."""
+    """The rows of one publish (with their encoded bodies) and what RabbitMQ said about each."""
 
-    def __init__(self, rows: Sequence[OutboxRow]) -> None:
+    def __init__(self, rows: Sequence[tuple[OutboxRow, bytes]]) -> None:
         self.rows = list(rows)
         #: Delivery tag -> row, for rows published and not yet acked or nacked.
         self.unsettled: dict[int, OutboxRow] = {}
         self.confirmed: list[int] = []
         self.failed: dict[int, str] = {}
-        #: Message ids RabbitMQ returned as unroutable (their queue vanished).
+        #: Message ids RabbitMQ returned as unroutable (their queue vanished), from the
+        #: ``message_id`` property each message is published with.
         self.returned: set[str] = set()
+        #: A message came back without our ``message_id`` property: nothing acked in this
+        #: batch counts as confirmed (published again, the inbox absorbs the copies).
+        self.unmatched_return = False
         self.unroutable_queues: set[str] = set()
 
     def settle(self, tag: int, multiple: bool, acked: bool) -> None:
@@ -164,7 +170,7 @@ class _Batch:
                 continue
             if not acked:
                 self.failed[row.id] = f"RabbitMQ nacked the message on queue {row.queue_name!r}"
-            elif str(row.message_id) in self.returned:
+            elif self.unmatched_return or str(row.message_id) in self.returned:
                 # Acked after a return: nobody has it. Not the row's fault; it stays pending.
                 self.unroutable_queues.add(row.queue_name)
             else:
@@ -299,13 +305,13 @@ class _Link:
 
     def _send(self, channel: Any, batch: _Batch) -> None:
         # What RabbitmqBroker.enqueue sets: persistent, and the message's broker priority;
-        # mandatory, so that a message no queue takes comes back instead of vanishing.
-        properties = {None: pika.BasicProperties(delivery_mode=2)}
-        for row in batch.rows:
+        # mandatory, so that a message no queue takes comes back instead of vanishing, and
+        # the message id as a property, so that a returned message is known without
+        # reading its body (workers ignore the property).
+        for row, body in batch.rows:
             priority = row.message.get("options", {}).get("broker_priority")
-            if priority not in properties:
-                properties[priority] = pika.BasicProperties(delivery_mode=2, priority=priority)
-            channel.basic_publish("", row.queue_name, encode(row), properties[priority], mandatory=True)
+            properties = pika.BasicProperties(delivery_mode=2, priority=priority, message_id=str(row.message_id))
+            channel.basic_publish("", row.queue_name, body, properties, mandatory=True)
             self._next_tag += 1
             batch.unsettled[self._next_tag] = row
 
@@ -378,15 +384,14 @@ class _Link:
             self._batch.settle(method.delivery_tag, method.multiple, isinstance(method, pika.spec.Basic.Ack))
         self._poke()
 
-    def _on_return(self, _channel: Any, method: Any, _properties: Any, body: bytes) -> None:
+    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
         if self._batch is None:
             return
-        try:
-            message_id = dramatiq.get_encoder().decode(body)["message_id"]
-        except Exception:  # not ours to judge: the row just stays counted as confirmed
-            logger.warning("relay: RabbitMQ returned a message the relay cannot decode")
-            return
-        self._batch.returned.add(str(message_id))
+        message_id = getattr(properties, "message_id", None)
+        if message_id is None:
+            self._batch.unmatched_return = True
+        else:
+            self._batch.returned.add(str(message_id))
         logger.warning("relay: RabbitMQ returned a message for queue %r: %s", method.routing_key, method.reply_text)
 
 

@@ -6,6 +6,11 @@ arguments and the same message bytes (a fresh ``redis_message_id`` option per pu
 as ``enqueue`` adds), in one ``MULTI``/``EXEC`` pipeline: one round trip per batch, and
 unmodified ``dramatiq`` workers consume the result. The transaction also means a batch
 cut off by a lost connection before ``EXEC`` enqueued nothing.
+
+Every call goes through the publisher's own client, whose socket timeouts are the relay's
+confirm timeout: also the ``maxstack`` script Dramatiq runs once per process before its
+first enqueue (on the broker's client, which may have no timeout at all: a Redis that
+accepts connections and never answers would hold the relay's first batch forever).
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.redis import DEFAULT_LUA_MAX_STACK, RedisBroker
 from dramatiq.common import current_millis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from sql.outbox import OutboxRow
 
-from .publish import PublishOutcome, describe, encode
+from .publish import PublishOutcome, describe, encode, encode_each
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +45,24 @@ class RedisPublisher:
     and reports the broker unavailable.
     """
 
-    def __init__(self, broker: RedisBroker, client: redis.Redis) -> None:
+    def __init__(self, broker: RedisBroker, client: redis.Redis, *, wait_replicas: int = 0) -> None:
         self.broker = broker
         self.client = client
+        #: Replicas that must acknowledge a batch (``WAIT``) before it counts as confirmed.
+        self.wait_replicas = wait_replicas
+        self._wait_ms = 0
+        self._max_unpack_size: int | None = None
 
     @classmethod
-    def for_broker(cls, broker: RedisBroker, *, confirm_timeout: float = 15.0, **_: Any) -> RedisPublisher:
+    def for_broker(
+        cls, broker: RedisBroker, *, confirm_timeout: float = 15.0, wait_replicas: int = 0, **_: Any
+    ) -> RedisPublisher:
         """A publisher on ``broker``'s server and namespace, whose calls time out after ``confirm_timeout``.
 
         Its own connection pool: a relay must never wait forever on a hung server, and
-        retries belong to the relay (which claims the rows again), not to redis-py.
+        retries belong to the relay (which claims the rows again), not to redis-py. With
+        ``wait_replicas``, a batch counts as confirmed only once that many replicas have
+        acknowledged it (``WAIT``, within the confirm timeout).
         """
         pool = broker.client.connection_pool
         kwargs = {
@@ -60,34 +73,80 @@ class RedisPublisher:
             "client_name": CLIENT_NAME,
         }
         client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
-        return cls(broker, client)
+        publisher = cls(broker, client, wait_replicas=wait_replicas)
+        # WAIT answers within its own timeout, before the socket's: a late replica is reported, not a hung server.
+        publisher._wait_ms = max(int(confirm_timeout * 1000) - 500, 1)
+        return publisher
 
     def publish(self, rows: Sequence[OutboxRow]) -> PublishOutcome:
         """Run Dramatiq's enqueue script for every row in one ``MULTI``/``EXEC``; report per row."""
         if not rows:
             return PublishOutcome()
+        # Each enqueued copy needs an id of its own in Redis (a retried message is
+        # enqueued again), exactly as RedisBroker.enqueue does.
+        encoded, unencodable = encode_each(rows, _with_redis_id)
         try:
-            results = self._execute(rows)
+            results = self._execute(encoded) if encoded else []
+            short = self._replicas_short() if encoded else None
         except redis.RedisError as exc:
-            return PublishOutcome(broker_error=f"Redis: {describe(exc)}")
-        outcome = PublishOutcome()
-        for row, result in zip(rows, results, strict=True):
+            return PublishOutcome(failed=unencodable, broker_error=f"Redis: {describe(exc)}")
+        if short:
+            return PublishOutcome(failed=unencodable, broker_error=short)
+        outcome = PublishOutcome(failed=unencodable)
+        for (row, _), result in zip(encoded, results, strict=True):
             if isinstance(result, Exception):
                 outcome.failed[row.id] = f"Redis refused the enqueue: {describe(result)}"
             else:
                 outcome.confirmed.append(row.id)
         return outcome
 
-    def _execute(self, rows: Sequence[OutboxRow]) -> list[Any]:
+    def _replicas_short(self) -> str | None:
+        """Why the batch just written is not confirmed yet: too few replicas acknowledged it (``WAIT``)."""
+        if not self.wait_replicas:
+            return None
+        acknowledged = int(self.client.wait(self.wait_replicas, self._wait_ms or 1000))
+        if acknowledged >= self.wait_replicas:
+            return None
+        return (
+            f"Redis: only {acknowledged} of {self.wait_replicas} replica(s) acknowledged the batch"
+            f" within {self._wait_ms} ms (wait={self.wait_replicas}); it stays in the outbox"
+        )
+
+    def durability_warning(self) -> str | None:
+        """A warning when the Redis published to persists nothing (no append-only file, no snapshots).
+
+        ``None`` when it persists, or when it does not let us ask (``CONFIG`` disabled).
+        """
+        try:
+            appendonly = self.client.config_get("appendonly").get("appendonly")
+            save = self.client.config_get("save").get("save")
+        except redis.RedisError as exc:
+            logger.info("relay: cannot tell whether Redis persists its data (%s)", describe(exc))
+            return None
+        if appendonly != "no" or save:
+            return None
+        where = self.client.connection_pool.connection_kwargs
+        return (
+            f'Redis at {where.get("host")}:{where.get("port")} persists nothing (appendonly no, save ""):'
+            " a message the relay has published and deleted from the outbox lives only in Redis's memory"
+            " until a worker takes it, and a Redis restart loses it; turn on appendonly (see README.md,"
+            " 'Redis durability')"
+        )
+
+    def _unpack_size(self) -> int:
+        """What ``RedisBroker._max_unpack_size`` computes, asked through this publisher's client."""
+        if self._max_unpack_size is None:
+            stack = DEFAULT_LUA_MAX_STACK or int(self.broker.scripts["maxstack"](client=self.client))
+            self._max_unpack_size = stack // 2  # half the Lua stack, as Dramatiq does (dramatiq#433)
+        return self._max_unpack_size
+
+    def _execute(self, encoded: Sequence[tuple[OutboxRow, tuple[str, bytes]]]) -> list[Any]:
         broker = self.broker
         dispatch = broker.scripts["dispatch"]
-        max_unpack_size = broker._max_unpack_size()  # type: ignore[no-untyped-call]
+        max_unpack_size = self._unpack_size()
         timestamp = current_millis()
         pipe = self.client.pipeline(transaction=True)
-        for row in rows:
-            # Each enqueued copy needs an id of its own in Redis (a retried message is
-            # enqueued again), exactly as RedisBroker.enqueue does.
-            redis_message_id = str(uuid.uuid4())
+        for row, (redis_message_id, body) in encoded:
             args = [
                 "enqueue",
                 timestamp,
@@ -98,7 +157,7 @@ class RedisPublisher:
                 broker._should_do_maintenance("enqueue"),
                 max_unpack_size,
                 redis_message_id,
-                encode(row, redis_message_id=redis_message_id),
+                body,
             ]
             dispatch(keys=[broker.namespace], args=args, client=pipe)
         return list(pipe.execute(raise_on_error=False))
@@ -106,3 +165,8 @@ class RedisPublisher:
     def close(self) -> None:
         """Close the publisher's connections."""
         self.client.close()
+
+
+def _with_redis_id(row: OutboxRow) -> tuple[str, bytes]:
+    redis_message_id = str(uuid.uuid4())
+    return redis_message_id, encode(row, redis_message_id=redis_message_id)

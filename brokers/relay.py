@@ -87,6 +87,11 @@ class Relay:
         self.system = system
         #: Set by NOTIFY (and by anyone who wants the relay to look now).
         self.wake = threading.Event()
+        #: Set while the relay waits for a wake-up with nothing left to publish.
+        self.idle = threading.Event()
+        #: Drains so far: each starts the round robin from the next outbox.
+        self._turn = 0
+        self._listeners: list[_Listener] = []
 
     def relay_batch(self, outbox: Outbox) -> BatchResult:
         """Claim, publish and settle one batch of ``outbox``."""
@@ -147,18 +152,26 @@ class Relay:
     def drain_once(self, stop: threading.Event | None = None) -> int:
         """Publish everything due now in every outbox; return how many rows were published.
 
-        Stops early (between batches, never inside one) when ``stop`` is set. Raises
+        Fair across outboxes: one batch per outbox in turn (round robin) while any of
+        them has more, starting from a different outbox each call, so a flood on one
+        service delays another's rows by at most one batch per outbox. Stops early
+        (between batches, never inside one) when ``stop`` is set. Raises
         :class:`BrokerUnavailable` if the broker cannot be reached.
         """
         published = 0
-        for outbox in self.outboxes:
-            while stop is None or not stop.is_set():
+        start = self._turn % max(len(self.outboxes), 1)
+        self._turn += 1
+        busy = self.outboxes[start:] + self.outboxes[:start]
+        while busy and (stop is None or not stop.is_set()):
+            for outbox in list(busy):
+                if stop is not None and stop.is_set():
+                    break
                 result = self.relay_batch(outbox)
                 published += result.published
                 if result.broker_error:
                     raise BrokerUnavailable(result.broker_error)
                 if result.claimed < self.config.batch_size or result.published == 0:
-                    break
+                    busy.remove(outbox)
         return published
 
     def seconds_until_due(self) -> float | None:
@@ -175,8 +188,10 @@ class Relay:
         """Drain until ``stop`` is set, woken by NOTIFY, by a delayed row falling due, or by the poll interval.
 
         An unreachable broker or database pauses the relay with growing backoff; it never
-        gives up and never drops a row. When ``stop`` is set, the batch in hand is
-        finished (its rows are deleted or stay pending) and the relay returns.
+        gives up and never drops a row. Any other error is logged with its traceback and
+        treated the same way: the batch it hit rolled back (its rows are claimed again),
+        the relay backs off and carries on. Only ``stop`` ends it: when it is set, the
+        batch in hand is finished (its rows are deleted or stay pending) and it returns.
         """
         listeners = self._start_listeners(stop)
         outage = 0.0
@@ -188,23 +203,34 @@ class Relay:
                     # Woken while draining: go again at once, the NOTIFY may be for rows just missed.
                     wait = 0.0 if self.wake.is_set() else self._idle_wait()
                     outage = 0.0
-                except (BrokerUnavailable, DatabaseError) as exc:
+                except Exception as exc:
                     outage = min(max(outage * 2, 0.5), self.config.max_outage_backoff)
-                    logger.warning("relay paused %.1fs: %s", outage, exc)
+                    if isinstance(exc, BrokerUnavailable | DatabaseError):
+                        logger.warning("relay paused %.1fs: %s", outage, exc)
+                    else:
+                        logger.exception("relay paused %.1fs by an unexpected error", outage)
                     stop.wait(outage)
                     continue
+                self.idle.set()
                 self.wake.wait(wait)
+                self.idle.clear()
         finally:
             self.wake.set()
             for listener in listeners:
                 listener.join(timeout=self.config.poll_interval + 5)
             self.publisher.close()
 
+    @property
+    def listening(self) -> bool:
+        """Whether every database's listener is connected and has asked for the drain that follows (running relays)."""
+        return bool(self._listeners) and all(listener.listening.is_set() for listener in self._listeners)
+
     def _start_listeners(self, stop: threading.Event) -> list[threading.Thread]:
         listeners = [
             _Listener(dsn, self.wake, stop, self.config.poll_interval)
             for dsn in sorted({o.database.dsn for o in self.outboxes})
         ]
+        self._listeners = listeners
         for listener in listeners:
             listener.start()
         # A stop must end the wait for a wake-up at once, not after a poll interval.
@@ -230,6 +256,8 @@ class _Listener(threading.Thread):
         self.wake = wake
         self.stop = stop
         self.interval = interval
+        #: Set once LISTEN took effect and the drain for what came before it was asked for.
+        self.listening = threading.Event()
 
     def run(self) -> None:
         failures = 0
@@ -240,13 +268,18 @@ class _Listener(threading.Thread):
                     failures = 0
                     # Anything committed before LISTEN took effect was missed: drain once.
                     self.wake.set()
+                    self.listening.set()
                     while not self.stop.is_set():
                         # A short timeout, so that a stopping relay does not wait for a poll interval.
                         for _ in conn.notifies(timeout=min(self.interval, 0.5), stop_after=1):
                             self.wake.set()
-            except psycopg.Error as exc:
+            except Exception as exc:
+                self.listening.clear()
                 failures += 1
                 # Reconnect quickly (the poll covers the gap), slower while it keeps failing.
                 pause = min(0.05 * 2**failures, self.interval, 5.0)
-                logger.info("relay listener lost its connection (%s); polling until it is back", exc)
+                if isinstance(exc, psycopg.Error):
+                    logger.info("relay listener lost its connection (%s); polling until it is back", exc)
+                else:  # never let the listener thread die: the relay would only poll from then on
+                    logger.exception("relay listener stopped by an unexpected error; polling until it is back")
                 self.stop.wait(pause)

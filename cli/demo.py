@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from .seed import OrderPlan, plan_orders, seed_services
 
 if TYPE_CHECKING:
     from actors.order_saga import Reconciliation
-    from estafeta import Runtime
+    from estafeta import App, Runtime
 
 #: Where the demo's worker processes write their logs.
 LOG_DIR = Path(".estafeta") / "demo-logs"
@@ -216,6 +217,11 @@ def _duplicates_counted() -> float:
 @click.option("--external", is_flag=True, help="Real brokers: use the workers and relay already running.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True, help="Seconds to wait.")
 @click.option("--seed", "rng_seed", type=int, help="Random seed of the order mix (default: a new mix each run).")
+@click.option(
+    "--database-per-service",
+    is_flag=True,
+    help="Run every service in a database of its own (<database>_<service> on the same server, created if missing).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def demo_command(
     count: int,
@@ -224,6 +230,7 @@ def demo_command(
     external: bool,
     timeout: float,
     rng_seed: int | None,
+    database_per_service: bool,
     as_json: bool,
 ) -> None:
     """Place orders and watch their sagas finish: completed, compensated, throughput, latency, reconciliation.
@@ -234,6 +241,8 @@ def demo_command(
     """
     context = order_system()
     runtime, broker = context.runtime, context.broker
+    if database_per_service:
+        runtime, broker = _database_per_service(context.app, runtime)
     context.app.migrate(runtime)
     run = uuid.uuid4().hex[:6]
     plan = plan_orders(count, prefix=f"demo-{run}-", rng=random.Random(rng_seed))
@@ -253,11 +262,40 @@ def demo_command(
         raise click.exceptions.Exit(1)
 
 
+def _database_per_service(app: App, runtime: Runtime) -> tuple[Runtime, dramatiq.Broker]:
+    """A runtime (and the app bound to a broker of its own) with each service in a database of its own.
+
+    Each service without an ``ESTAFETA_<SERVICE>_DATABASE_URL`` gets ``<database>_<service>``
+    on the server of ``ESTAFETA_DATABASE_URL`` (the embedded one too), created if missing.
+    The variables are set in this process's environment, so the worker processes the
+    demo starts use the same databases.
+    """
+    from psycopg import conninfo
+
+    from estafeta import Runtime
+    from sql import embedded, migrate
+
+    settings = runtime.settings
+    base = embedded.start() if settings.database_url == "embedded" else settings.database_url
+    dbname = conninfo.conninfo_to_dict(base).get("dbname") or "postgres"
+    urls = dict(settings.service_database_urls)
+    for service in app.service_names:
+        if service not in urls:
+            urls[service] = conninfo.make_conninfo(base, dbname=f"{dbname}_{service}")
+            migrate.create_database(base, f"{dbname}_{service}")
+        os.environ[f"ESTAFETA_{service.upper()}_DATABASE_URL"] = urls[service]
+    separate = Runtime(attrs.evolve(settings, service_database_urls=urls))
+    binding = app.bind(runtime=separate)  # a broker of its own: the steps run with this runtime
+    return separate, binding.broker
+
+
 def _where(runtime: Runtime) -> str:
     from sql.pool import describe_dsn
 
     url = runtime.settings.database_url
     database = "an embedded PostgreSQL (.estafeta/pgdata)" if url == "embedded" else describe_dsn(url)
+    if runtime.settings.service_database_urls:
+        database += " (each service in a database of its own)"
     broker = runtime.settings.redacted_broker_url
     return f"{database} and {'the StubBroker' if broker.startswith('stub:') else broker}"
 

@@ -40,7 +40,7 @@ EXIT_FAILURE = 1
 def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> None:
     """estafeta: transactional outbox, idempotent inbox, sagas and fenced locks for Dramatiq.
 
-    Runtime commands (migrate, relay, outbox, sagas) work on any app; seed, orders, demo
+    Runtime commands (migrate, relay, outbox, sagas, prune, dead-letters) work on any app; seed, orders, demo
     and ping belong to the order system, the default app. Configuration comes from
     ESTAFETA_* environment variables (see README.md); the default is an embedded
     PostgreSQL and the in-memory StubBroker.
@@ -54,9 +54,9 @@ def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> Non
 
 
 def _register() -> None:
-    from . import demo, migrate, orders, outbox, ping, relay, sagas, seed, serve
+    from . import dead_letters, demo, migrate, orders, outbox, ping, prune, relay, sagas, seed, serve
 
-    for module in (migrate, outbox, ping, relay, seed, orders, sagas, demo, serve):
+    for module in (migrate, outbox, ping, relay, seed, orders, sagas, demo, prune, dead_letters, serve):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -16,6 +16,7 @@ from brokers.tracing import messaging_system
 from . import _tracing as tracing
 from ._errors import SettingsError
 from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, WorkerLogs, has_middleware
+from ._retention import PruneMiddleware
 from ._runtime import Runtime
 from ._settings import Settings
 from ._steps import declare_actors
@@ -62,7 +63,18 @@ def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, 
     actors = declare_actors(broker, runtime, app.steps.values())
     if watchdog and app.sagas:
         _watch(broker, runtime, app)
+    if runtime.settings.prune_interval:
+        _prune(broker, runtime, app)
     return Binding(app, broker, runtime, actors)
+
+
+def _prune(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+    # Every worker process prunes the app's tables now and then (ESTAFETA_PRUNE_INTERVAL).
+    existing = next((m for m in broker.middleware if isinstance(m, PruneMiddleware)), None)
+    if existing is None:
+        broker.add_middleware(PruneMiddleware(runtime, app.services, app.sagas))
+    else:
+        existing.adopt(app.services, app.sagas)
 
 
 def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:

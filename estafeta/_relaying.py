@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -10,12 +11,15 @@ from typing import Any
 import dramatiq
 from psycopg import conninfo
 
-from brokers.publish import publisher_for
+from brokers import wait_replicas
+from brokers.publish import durability_warning, publisher_for
 from brokers.relay import Outbox, Relay, RelayConfig
 from brokers.tracing import messaging_system
 from sql.pool import Database
 
 from ._runtime import Runtime
+
+logger = logging.getLogger(__name__)
 
 #: ``application_name`` of the relay's pooled connections (``pg_stat_activity``).
 APPLICATION_NAME = "estafeta-relay"
@@ -43,7 +47,12 @@ def build_relay(runtime: Runtime, broker: dramatiq.Broker, services: Sequence[st
             named = conninfo.make_conninfo(dsn, application_name=APPLICATION_NAME)
             databases[dsn] = Database(named, min_size=1, max_size=2)
         outboxes.append(Outbox(name, databases[dsn]))
-    options = {"confirm_timeout": overrides["confirm_timeout"]} if overrides.get("confirm_timeout") else {}
+    options: dict[str, Any] = (
+        {"confirm_timeout": overrides["confirm_timeout"]} if overrides.get("confirm_timeout") else {}
+    )
+    replicas = wait_replicas(settings.broker_url)
+    if replicas:
+        options["wait_replicas"] = replicas
     return Relay(outboxes, publisher_for(broker, **options), config, system=messaging_system(broker))
 
 
@@ -55,12 +64,20 @@ def close_relay(relay: Relay) -> None:
 
 
 def run_lanes(relays: list[Relay], stop: threading.Event) -> None:
-    """Run ``relays`` side by side until ``stop``; a lane that crashes stops them all, and is re-raised.
+    """Run ``relays`` side by side until ``stop``.
+
+    A lane does not stop on its own (a relay backs off and carries on after any error);
+    should one die all the same (``SystemExit``, ``KeyboardInterrupt``), it stops them
+    all and is re-raised.
 
     Each lane claims its own batches, so one lane's database round trips overlap the
     other's wait for broker confirms; per-key order holds across lanes as it does
     across relay processes.
     """
+    if relays:
+        warning = durability_warning(relays[0].publisher)
+        if warning:
+            logger.warning("relay: %s", warning)
     errors: list[BaseException] = []
 
     def lane(relay: Relay) -> None:

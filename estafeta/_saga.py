@@ -13,9 +13,10 @@ Guarantees:
 - a reply moves the saga only if it answers the command the saga waits for now (same
   step, same version); duplicate, stale and late replies change nothing;
 - a business failure compensates the completed steps, each compensation once, in reverse
-  order; a step that gets no answer past its deadline is sent again and, once its attempts
-  are spent, is treated as failed — and compensated itself too, since it may have taken
-  effect;
+  order (the refused step too if its command went out more than once: an earlier send,
+  retried late, may still take effect); a step that gets no answer past its deadline is
+  sent again and, once its attempts are spent, is treated as failed — and compensated
+  itself too, since it may have taken effect;
 - a compensation that keeps failing leaves the saga ``failed`` with ``last_error``, for an
   operator (:meth:`Saga.resume` retries it once the cause is fixed).
 
@@ -49,9 +50,20 @@ from sql.migrate import Migration
 from sql.sagas import KEY_TYPES, SagaRow, SagaTable
 
 from . import _outbox as outbox
-from ._errors import BusinessFailure
+from ._errors import BusinessFailure, InvalidMessage
 from ._messages import from_json, to_json
-from ._saga_model import ACTION, COMPENSATION, SagaError, SagaNotFound, SagaState, SagaStep, as_timedelta
+from ._saga_model import (
+    ACTION,
+    COMPENSATION,
+    SagaError,
+    SagaNotFound,
+    SagaState,
+    SagaStep,
+    SagaStuck,
+    as_timedelta,
+    following,
+    taken,
+)
 from ._step_spec import StepSpec
 from ._steps import REPLY_TO, Reply, StepContext
 
@@ -116,6 +128,10 @@ class Saga:
             )
         if any(s.action is None for s in self.after_compensation):
             raise ValueError(f"saga {self.name}: steps after compensation need an action")
+        if any(s.then is not None for s in self.after_compensation):
+            raise ValueError(f"saga {self.name}: steps after compensation run in order, they cannot choose")
+        if any(s.then is not None and s.action is None for s in self.steps):
+            raise ValueError(f"saga {self.name}: a step without an action cannot choose the next one")
 
     @property
     def reply_actor(self) -> str:
@@ -189,13 +205,23 @@ class Saga:
         traceparent = ctx.options.get("traceparent")
         if context["direction"] == ACTION:
             if reply.ok:
-                self._action_done(ctx.conn, row, reply.result, traceparent)
+                try:
+                    self._action_done(ctx.conn, row, reply.result, traceparent)
+                except SagaStuck as exc:  # its choice of the next step is not a step: for an operator
+                    self._give_up(ctx.conn, row, f"{row.current_step}: {exc}")
             else:
-                self._step_failed(ctx.conn, row, f"{row.current_step}: {reply.error}", include_current=False)
+                # An earlier send of a refused command may still take effect (it waits in a
+                # retry backoff): then the refused step is compensated too.
+                again = row.attempts > 1 or store.sends(ctx.conn, self.table, row.saga_id, row.current_step) > 1
+                self._step_failed(ctx.conn, row, f"{row.current_step}: {reply.error}", include_current=again)
         elif reply.ok:
             self._compensation_done(ctx.conn, row, traceparent)
         else:
             self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}")
+
+    def awaits(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
+        """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context."""
+        return self._answers_current(row, context)
 
     def _answers_current(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
         direction = ACTION if row.status == "running" else COMPENSATION
@@ -210,20 +236,31 @@ class Saga:
 
     def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, result: Any, tp: str | None) -> None:
         results = {**row.results, row.current_step: result}
-        index = self.steps.index(self._by_name[row.current_step])
-        if index + 1 < len(self.steps):
-            following = self.steps[index + 1].name
-            self._move(conn, row, "running", following, "advanced", f"{row.current_step} done", results=results, tp=tp)
+        current = self._step(row.current_step)
+        state = (
+            self._state(attrs.evolve(row, results=results)) if current.then else SagaState(row.saga_id, None, results)
+        )
+        step = following(self.steps, current, state)
+        if step is not None and current.then and step in taken(self.steps, state):
+            raise SagaStuck(f"step {current.name} chose {step.name!r}, which this saga has done already")
+        if step is not None:
+            detail = f"{current.name} done" + (f", {step.name} chosen" if current.then else "")
+            self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp)
         else:
             self._move(conn, row, "completed", row.current_step, "completed", None, results=results)
 
+    def _done_before(self, row: SagaRow, current: SagaStep) -> list[SagaStep]:
+        """The steps done before the current one, in order: the path taken (by index when nothing branches)."""
+        if any(s.then for s in self.steps):
+            return taken(self.steps, self._state(row))
+        return list(self.steps[: self.steps.index(current)])
+
     def _step_failed(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str, *, include_current: bool) -> None:
-        current = self._by_name[row.current_step]
+        current = self._step(row.current_step)
         if current.retriable:
             self._give_up(conn, row, reason)
             return
-        index = self.steps.index(current)
-        done = self.steps[: index + 1] if include_current else self.steps[:index]
+        done = self._done_before(row, current) + ([current] if include_current else [])
         plan = [s.name for s in reversed(done) if s.compensation] + [s.name for s in self.after_compensation]
         if not plan:
             self._move(
@@ -266,7 +303,7 @@ class Saga:
             row,
             status=status,
             step=step_name,
-            wait=self._wait(self._by_name[step_name], row.step_timeout, 1),
+            wait=self._wait(self._step(step_name), row.step_timeout, 1),
             results=results,
             compensations=compensations,
             last_error=error,
@@ -278,10 +315,24 @@ class Saga:
 
     # -- commands -------------------------------------------------------------------------
 
+    def _step(self, name: str) -> SagaStep:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            why = f"saga {self.name} has no step {name!r} (renamed or removed while sagas were in flight?)"
+            raise SagaStuck(why) from None
+
+    def _state(self, row: SagaRow) -> SagaState:
+        try:
+            data: Any = from_json(self.data, row.payload)
+        except InvalidMessage as exc:
+            raise SagaStuck(f"saga {self.name} {row.saga_id}: its payload no longer decodes: {exc}") from None
+        return SagaState(row.saga_id, data, row.results)
+
     def command_for(self, row: SagaRow) -> tuple[SagaStep, Any, str]:
-        """The step, command and direction a live saga waits on."""
-        current = self._by_name[row.current_step]
-        state = SagaState(row.saga_id, from_json(self.data, row.payload), row.results)
+        """The step, command and direction a live saga waits on; :class:`SagaStuck` if it cannot be built."""
+        current = self._step(row.current_step)
+        state = self._state(row)
         if row.status == "running":
             assert current.action is not None
             return current, current.action(state), ACTION
@@ -292,8 +343,11 @@ class Saga:
     def target(self, row: SagaRow) -> tuple[StepSpec, uuid.UUID]:
         """The step that handles the current command, and the message id of its latest send."""
         _, command, direction = self.command_for(row)
-        (handler,) = self.owner.router.handlers(type(command))
-        return handler, self._message_id(row, direction)
+        handlers = self.owner.router.handlers(type(command))
+        if len(handlers) != 1:
+            names = ", ".join(h.actor_name for h in handlers) or "none"
+            raise SagaStuck(f"saga {self.name}: {type(command).__name__} needs one step handling it, found: {names}")
+        return handlers[0], self._message_id(row, direction)
 
     @staticmethod
     def _message_id(row: SagaRow, direction: str) -> uuid.UUID:
@@ -340,7 +394,7 @@ class Saga:
         ``parked`` is the participant's dead-letter reason for the latest send, if it parked
         it: it goes into ``last_error`` when the step's attempts are spent.
         """
-        current = self._by_name[row.current_step]
+        current = self._step(row.current_step)
         _, _, direction = self.command_for(row)
         if row.attempts < current.max_attempts:
             wait = self._wait(current, row.step_timeout, row.attempts + 1)
@@ -379,7 +433,7 @@ class Saga:
         row = self._locked(conn, saga_id)
         if row.status not in ("running", "failed") or row.compensations is not None:
             raise SagaError(f"saga {saga_id} is {row.status}: nothing to abort")
-        if self._by_name[row.current_step].retriable:
+        if self._step(row.current_step).retriable:
             raise SagaError(
                 f"saga {saga_id} is past its point of no return ({row.current_step} is not compensated);"
                 " resume it instead"

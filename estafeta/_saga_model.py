@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +22,13 @@ class SagaError(EstafetaError):
 
 class SagaNotFound(SagaError):
     """No saga has this id."""
+
+
+class SagaStuck(SagaError):
+    """The saga cannot move on as declared now (a deploy changed its data class, its steps or its routing).
+
+    It is failed with the reason; once the cause is fixed, ``estafeta sagas resume`` retries it.
+    """
 
 
 @attrs.frozen
@@ -56,3 +63,36 @@ class SagaStep:
     timeout: timedelta | None = attrs.field(default=None, converter=as_timedelta)
     #: Sends of one command (the first and the watchdog's re-sends) before giving up on it.
     max_attempts: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+    #: Chooses the step after this one once its action is done, from the saga's state (its
+    #: result is in ``state.results``): a step's name, or ``None`` to complete the saga.
+    #: Without it, the next step in the list follows. A step runs at most once per saga.
+    then: Callable[[SagaState], str | None] | None = None
+
+
+def following(steps: Sequence[SagaStep], step: SagaStep, state: SagaState) -> SagaStep | None:
+    """The step after ``step`` (done) on this saga's path: its choice, or the next in the list."""
+    if step.then is None:
+        index = steps.index(step)
+        return steps[index + 1] if index + 1 < len(steps) else None
+    name = step.then(state)
+    if name is None:
+        return None
+    chosen = next((s for s in steps if s.name == name), None)
+    if chosen is None:
+        raise SagaStuck(f"step {step.name} chose {name!r}, which is not a step of the saga")
+    return chosen
+
+
+def taken(steps: Sequence[SagaStep], state: SagaState) -> list[SagaStep]:
+    """The steps this saga has done, in the order it did them: the path from the first step.
+
+    Leading steps without an action were done by whoever started the saga; a step with
+    an action is done once its result is recorded. Each step's choice is made again
+    from the recorded results, so the path is the one actually taken.
+    """
+    path: list[SagaStep] = []
+    step: SagaStep | None = steps[0]
+    while step is not None and step not in path and (step.action is None or step.name in state.results):
+        path.append(step)
+        step = following(steps, step, state)
+    return path

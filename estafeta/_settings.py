@@ -6,6 +6,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ _INTEGERS: dict[str, tuple[str, float]] = {
     "LOCK_TTL_MS": ("lock_ttl_ms", 1),
     "POOL_SIZE": ("pool_size", 1),
     "METRICS_PORT": ("metrics_port", 1),
+    "PRUNE_BATCH_SIZE": ("prune_batch_size", 1),
 }
 _FLOATS: dict[str, tuple[str, float]] = {
     "RELAY_POLL_INTERVAL": ("relay_poll_interval", 0.01),
@@ -47,6 +49,16 @@ _FLOATS: dict[str, tuple[str, float]] = {
 _CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "LOG_FORMAT": ("log_format", ("text", "json")),
 }
+#: Durations (``7d``, ``12h``, ``30m``, ``45s``; a bare number is seconds): variable suffix -> attribute.
+_DURATIONS: dict[str, str] = {
+    "INBOX_RETENTION": "inbox_retention",
+    "DEAD_LETTER_RETENTION": "dead_letter_retention",
+    "FENCE_RETENTION": "fence_retention",
+    "SAGA_LOG_RETENTION": "saga_log_retention",
+    "PRUNE_INTERVAL": "prune_interval",
+}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @attrs.frozen
@@ -94,6 +106,19 @@ class Settings:
     metrics_port: int | None = None
     #: The address that metrics server listens on.
     metrics_host: str = "0.0.0.0"
+    #: How long the inbox remembers a processed message: a copy arriving later runs again.
+    #: Never shorter than ``dead_letter_retention``.
+    inbox_retention: timedelta = timedelta(days=7)
+    #: How long dead letters are kept for an operator.
+    dead_letter_retention: timedelta = timedelta(days=7)
+    #: How long the fence row of a lock key nobody took since is kept.
+    fence_retention: timedelta = timedelta(days=1)
+    #: How long the transition log of a completed or compensated saga is kept.
+    saga_log_retention: timedelta = timedelta(days=30)
+    #: How often each worker process prunes (``0``: never; ``estafeta prune`` still does).
+    prune_interval: timedelta = timedelta(hours=1)
+    #: Rows deleted per statement when pruning (each its own short transaction).
+    prune_batch_size: int = 1000
 
     def database_url_for(self, service: str) -> str:
         """The DSN of ``service``'s database."""
@@ -134,6 +159,8 @@ class Settings:
             elif suffix in _FLOATS:
                 attribute, minimum = _FLOATS[suffix]
                 values[attribute] = _number(name, value, float, minimum)
+            elif suffix in _DURATIONS:
+                values[_DURATIONS[suffix]] = _duration(name, value)
             else:
                 raise SettingsError(name, "unknown setting (see the configuration table in README.md)")
         settings = cls(**values, service_database_urls=overrides)
@@ -141,6 +168,13 @@ class Settings:
             raise SettingsError("ESTAFETA_MAX_BACKOFF_MS", "must not be below ESTAFETA_MIN_BACKOFF_MS")
         if settings.metrics_port is not None and settings.metrics_port > 65535:
             raise SettingsError("ESTAFETA_METRICS_PORT", f"{settings.metrics_port} is not a TCP port (1-65535)")
+        if settings.inbox_retention < settings.dead_letter_retention:
+            raise SettingsError(
+                "ESTAFETA_INBOX_RETENTION",
+                f"{_human(settings.inbox_retention)} is shorter than ESTAFETA_DEAD_LETTER_RETENTION"
+                f" ({_human(settings.dead_letter_retention)}): a dead letter's inbox record must outlive it,"
+                " or a late copy of the message could run beside its replay",
+            )
         return settings
 
 
@@ -203,3 +237,18 @@ def _number(name: str, value: str, kind: type[int] | type[float], minimum: float
     if number < minimum:
         raise SettingsError(name, f"{value} is below the minimum {minimum}")
     return number
+
+
+def _duration(name: str, value: str) -> timedelta:
+    match = _DURATION.match(value.strip().lower())
+    if not match:
+        raise SettingsError(name, f"{value!r} is not a duration (a number and s, m, h or d: 7d, 12h, 30m, 45s)")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _human(duration: timedelta) -> str:
+    seconds = duration.total_seconds()
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)} {unit}"
+    return f"{seconds:g} seconds"

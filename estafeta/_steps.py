@@ -76,11 +76,23 @@ class StepContext:
     router: Router
     #: The lock held for the step's key, if it declared one.
     lock: HeldLock | None = None
+    #: What :meth:`on_refusal` asked to write if the step refuses.
+    refusal_writes: list[Callable[[psycopg.Connection[Any]], object]] = attrs.field(factory=list)
 
     @property
     def fencing_token(self) -> int | None:
         """The fencing token of the step's lock (Redis locks), to store with guarded writes."""
         return self.lock.token if self.lock else None
+
+    def on_refusal(self, write: Callable[[psycopg.Connection[Any]], object]) -> None:
+        """Run ``write(conn)`` in this transaction if the step ends refusing (raises a :class:`BusinessFailure`).
+
+        A refusal rolls back the step's own work; what ``write`` does is kept, with the
+        inbox record and the refusal's answer. Record the decision there (a refused
+        payment), so that any later attempt of the same business operation is refused
+        too: a command sent twice must not be refused once and done once.
+        """
+        self.refusal_writes.append(write)
 
     def send(self, command: Any, **kwargs: Any) -> uuid.UUID:
         """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
@@ -239,6 +251,8 @@ def _run(
                 result = spec.fn(ctx, command)
         except BusinessFailure as failure:
             outcome = Outcome.FAILED
+            for write in ctx.refusal_writes:
+                write(conn)
             _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
         else:
             outcome = Outcome.OK

@@ -10,6 +10,13 @@ It runs inside every ``dramatiq`` worker process of an app with sagas (:class:`W
 so restarting the workers after a crash is enough for every in-flight saga to finish;
 ``estafeta sagas watch`` runs it alone. Several watchdogs at once are safe: each saga is
 claimed with ``FOR UPDATE SKIP LOCKED`` and re-checked under its lock.
+
+It never dies of one saga. Overdue sagas are listed most overdue first, so a saga that
+raises would stop every watchdog at the same row: instead the error is logged with the
+saga's id and recorded on its row (``last_error``); a saga that can never move on as
+declared now (its payload no longer decodes, its step was renamed, its command has two
+handlers) is ``failed``, for ``estafeta sagas resume`` once the cause is fixed, and any
+other error looks again one step timeout later. Database outages pause the watchdog.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import dramatiq
@@ -29,7 +37,8 @@ from sql.errors import DatabaseError
 
 from . import _tracing as tracing
 from ._runtime import Runtime
-from ._saga import Saga
+from ._saga import TRANSITIONS, Saga
+from ._saga_model import SagaStuck
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +53,63 @@ class Watchdog:
         self.batch_size = batch_size
 
     def check_once(self) -> Counter[str]:
-        """Handle every saga overdue now; return how many were ``resent``, ``compensating``, ``failed``."""
+        """Handle every saga overdue now; return how many were ``resent``, ``compensating``, ``failed``.
+
+        A saga that raises is counted as ``failed`` (recorded failed on its row) or
+        ``error`` (``last_error`` recorded, looked at again later); the others go on.
+        """
         done: Counter[str] = Counter()
         for saga in self.sagas:
             with self.runtime.database(saga.service).connection() as conn:
                 overdue = store.overdue(conn, saga.table, self.batch_size)
             for saga_id in overdue:
-                outcome = self.handle(saga, saga_id)
+                outcome = self._handle_one(saga, saga_id)
                 if outcome:
                     done[outcome] += 1
         return done
+
+    def _handle_one(self, saga: Saga, saga_id: uuid.UUID) -> str | None:
+        try:
+            return self.handle(saga, saga_id)
+        except DatabaseError:
+            raise  # an outage, not this saga's fault: the watchdog pauses
+        except Exception as exc:
+            final = isinstance(exc, SagaStuck)
+            logger.error(
+                "saga %s %s: the watchdog cannot move it on%s: %s",
+                saga.name,
+                saga_id,
+                " (failed until resumed)" if final else "",
+                exc,
+                exc_info=not final,
+            )
+            self._record(saga, saga_id, f"watchdog: {type(exc).__name__}: {exc}", final=final)
+            return "failed" if final else "error"
+
+    def _record(self, saga: Saga, saga_id: uuid.UUID, error: str, *, final: bool) -> None:
+        """Say on the saga's row why it did not move on; fail it when it never can as declared."""
+        # Only the store's columns: the saga's definition may be what is broken.
+        with self.runtime.database(saga.service).transaction() as conn:
+            row = store.lock(conn, saga.table, saga_id)
+            if row is None or not row.live:
+                return
+            if not final:
+                store.record_error(conn, saga.table, row, error)
+                return
+            failed = store.transition(
+                conn, saga.table, row, status="failed", step=row.current_step, wait=timedelta(0), last_error=error
+            )
+            store.log(
+                conn,
+                saga.table,
+                saga_id=saga_id,
+                version=failed.version,
+                status="failed",
+                step=failed.current_step,
+                event="failed",
+                detail=error,
+            )
+        TRANSITIONS.labels(saga.name, "failed").inc()
 
     def handle(self, saga: Saga, saga_id: uuid.UUID) -> str | None:
         """Move one overdue saga on; ``None`` if it is no longer overdue or another process holds it."""
@@ -78,7 +134,7 @@ class Watchdog:
         return outcome
 
     def run(self, stop: threading.Event, interval: float | None = None) -> None:
-        """Check every ``interval`` seconds until ``stop`` is set; database outages only pause it."""
+        """Check every ``interval`` seconds until ``stop`` is set; errors only pause it, it never dies."""
         interval = interval or self.runtime.settings.saga_watch_interval
         pause = interval
         while not stop.is_set():
@@ -91,6 +147,10 @@ class Watchdog:
                     logger.info("saga watchdog idle: the saga tables are not migrated yet (estafeta migrate)")
                 else:
                     logger.warning("saga watchdog paused %.1fs: %s", pause, exc)
+            except Exception:
+                # Not one saga's error (those are recorded on their rows): still, never die.
+                pause = min(max(pause * 2, interval), 30.0)
+                logger.exception("saga watchdog paused %.1fs by an unexpected error", pause)
             stop.wait(pause)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from . import retention
 from .errors import StaleFencingToken
 from .queries import query
 
@@ -69,10 +70,12 @@ def newest(conn: psycopg.Connection[Any], schema: str, key: str) -> int | None:
     return int(row[0]) if row else None
 
 
-def prune(conn: psycopg.Connection[Any], schema: str, older_than: timedelta) -> int:
+def prune(conn: psycopg.Connection[Any], schema: str, older_than: timedelta, *, batch_size: int = 1000) -> int:
     """Forget the tokens of keys not locked for ``older_than``; return how many rows went.
 
-    Always safe: a holder whose row was pruned mid-flight is refused at its check, and a
-    holder that records its token afterwards reads what the earlier holders committed.
+    Always safe: a holder whose row was pruned mid-flight is refused at its check (its
+    row is gone, or holds a newer token), and a holder that records its token afterwards
+    reads what the earlier holders committed. Rows a guarded transaction is checking
+    right now are skipped, never waited for.
     """
-    return conn.execute(query("prune_fences", schema), {"older_than": older_than}).rowcount
+    return retention.prune(conn, schema, "fences", older_than, batch_size=batch_size)

@@ -10,6 +10,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from . import retention
 from .queries import query
 
 
@@ -69,10 +70,11 @@ def list_dead_letters(conn: psycopg.Connection[Any], schema: str, limit: int = 1
         return cur.fetchall()
 
 
-def prune(conn: psycopg.Connection[Any], schema: str, older_than: timedelta) -> int:
-    """Delete inbox records older than ``older_than``; return how many.
+def prune(conn: psycopg.Connection[Any], schema: str, older_than: timedelta, *, batch_size: int = 1000) -> int:
+    """Delete inbox records older than ``older_than``, a batch at a time; return how many.
 
     Only safe once no duplicate of those messages can still arrive (relay re-publishes
-    and broker redeliveries happen within minutes, not days).
+    and broker redeliveries happen within minutes, not days). The record of a message
+    still in the dead letters is kept as long as its dead letter.
     """
-    return conn.execute(query("prune_inbox", schema), {"older_than": older_than}).rowcount
+    return retention.prune(conn, schema, "inbox", older_than, batch_size=batch_size)

@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 import psycopg
+import psycopg.errors
 from psycopg import sql
 
 from .errors import MigrationError
@@ -96,3 +97,15 @@ def apply(conn: psycopg.Connection[Any], schema: str, migrations: Sequence[Migra
             )
             done.append(migration.name)
         return done
+
+
+def create_database(dsn: str, name: str) -> bool:
+    """Create the database ``name`` on the server of ``dsn`` unless it exists; ``True`` if it was created."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            return False
+        try:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        except psycopg.errors.DuplicateDatabase:  # created meanwhile by another process
+            return False
+    return True

@@ -145,10 +145,86 @@ ORDER BY id DESC
 LIMIT %(limit)s
 
 -- count_dead_letters --
-SELECT count(*) FROM {schema}.dead_letters
+-- Dead letters still waiting for an operator (replayed and obsolete ones are resolved).
+SELECT count(*) FROM {schema}.dead_letters WHERE status = 'parked'
+
+-- search_dead_letters --
+-- Newest first; all, or those in one status.
+SELECT id, consumer, message_id, message, reason, created_at, status, resolved_at, replayed_as, note
+FROM {schema}.dead_letters
+WHERE %(status)s::text IS NULL OR status = %(status)s::text
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- dead_letter_causes --
+-- What grouping needs of the parked dead letters: no payloads.
+SELECT id, consumer, reason, created_at
+FROM {schema}.dead_letters
+WHERE status = 'parked'
+ORDER BY id
+
+-- get_dead_letters --
+SELECT id, consumer, message_id, message, reason, created_at, status, resolved_at, replayed_as, note
+FROM {schema}.dead_letters
+WHERE id = ANY(%(ids)s::bigint[])
+ORDER BY id
+
+-- lock_dead_letter --
+-- A replay holds the dead letter until its transaction ends: a second replay waits, then
+-- finds it resolved.
+SELECT id, consumer, message_id, message, reason, created_at, status, resolved_at, replayed_as, note
+FROM {schema}.dead_letters
+WHERE id = %(id)s
+FOR UPDATE
+
+-- resolve_dead_letter --
+UPDATE {schema}.dead_letters
+SET status = %(status)s, resolved_at = now(), replayed_as = %(replayed_as)s, note = %(note)s
+WHERE id = %(id)s AND status = 'parked'
 
 -- prune_inbox --
-DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s::interval
+-- Inbox records older than the retention, a batch at a time, in a short transaction of
+-- their own, skipping rows a delivery holds (never waiting on one). The record of a
+-- message that is still in the dead letters stays as long as its dead letter: it keeps a
+-- late copy of the parked message from running beside the message's replay.
+DELETE FROM {schema}.inbox AS i
+USING (SELECT consumer, message_id FROM {schema}.inbox AS o
+       WHERE processed_at < now() - %(older_than)s::interval
+         AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters AS d
+                         WHERE d.consumer = o.consumer AND d.message_id = o.message_id::text)
+       LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED) AS old
+WHERE i.consumer = old.consumer AND i.message_id = old.message_id
+
+-- count_prunable_inbox --
+SELECT count(*) FROM {schema}.inbox AS o
+WHERE processed_at < now() - %(older_than)s::interval
+  AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters AS d
+                  WHERE d.consumer = o.consumer AND d.message_id = o.message_id::text)
+
+-- prune_inbox_attempts --
+-- Delivery counts of messages that never reached an outcome here (lost elsewhere): they
+-- only ever park a message that keeps killing its worker, which a week-old count is not.
+DELETE FROM {schema}.inbox_attempts AS a
+USING (SELECT consumer, message_id FROM {schema}.inbox_attempts
+       WHERE last_attempt_at < now() - %(older_than)s::interval
+       LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED) AS old
+WHERE a.consumer = old.consumer AND a.message_id = old.message_id
+
+-- count_prunable_inbox_attempts --
+SELECT count(*) FROM {schema}.inbox_attempts WHERE last_attempt_at < now() - %(older_than)s::interval
+
+-- prune_dead_letters --
+DELETE FROM {schema}.dead_letters
+WHERE id IN (SELECT id FROM {schema}.dead_letters
+             WHERE created_at < now() - %(older_than)s::interval
+             ORDER BY id
+             LIMIT %(batch)s
+             FOR UPDATE SKIP LOCKED)
+
+-- count_prunable_dead_letters --
+SELECT count(*) FROM {schema}.dead_letters WHERE created_at < now() - %(older_than)s::interval
 
 -- advance_fence --
 -- Record a freshly acquired lock's token as the newest for its key; no row comes back if
@@ -180,4 +256,14 @@ WITH settings AS MATERIALIZED (SELECT set_config('lock_timeout', %(lock_timeout)
 SELECT f.token FROM settings, {schema}.fences AS f WHERE f.lock_key = %(key)s FOR SHARE OF f
 
 -- prune_fences --
-DELETE FROM {schema}.fences WHERE raised_at < now() - %(older_than)s::interval
+-- Tokens of keys nobody locked for the retention, a batch at a time. SKIP LOCKED: a row a
+-- guarded transaction checked (FOR SHARE, until its commit) is left for the next run;
+-- pruning never holds a step up. Always safe: see sql/fences.py.
+DELETE FROM {schema}.fences
+WHERE lock_key IN (SELECT lock_key FROM {schema}.fences
+                   WHERE raised_at < now() - %(older_than)s::interval
+                   LIMIT %(batch)s
+                   FOR UPDATE SKIP LOCKED)
+
+-- count_prunable_fences --
+SELECT count(*) FROM {schema}.fences WHERE raised_at < now() - %(older_than)s::interval

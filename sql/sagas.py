@@ -20,7 +20,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import queries
+from . import queries, retention
 from .migrate import Migration
 
 #: Statuses of a saga that is still waiting for a reply.
@@ -225,6 +225,11 @@ def record_resend(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow,
     return _changed(conn, "record_resend", table, row, params)
 
 
+def record_error(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, error: str) -> SagaRow:
+    """Record ``error`` as the row's ``last_error`` and look again one step timeout later; return the new row."""
+    return _changed(conn, "record_error", table, row, {"saga_id": row.saga_id, "version": row.version, "error": error})
+
+
 def _changed(
     conn: psycopg.Connection[Any], name: str, table: SagaTable, row: SagaRow, params: dict[str, Any]
 ) -> SagaRow:
@@ -255,6 +260,12 @@ def log(
         "detail": detail,
     }
     conn.execute(query("insert_log", table), params)
+
+
+def sends(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID, step: str) -> int:
+    """How many times the saga sent ``step``'s action (entering it, re-sends, resumes), by its log."""
+    found = conn.execute(query("count_sends", table), {"saga_id": saga_id, "step": step}).fetchone()
+    return int(found[0]) if found else 0
 
 
 def timeline(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> list[LogEntry]:
@@ -341,3 +352,22 @@ def outcomes(
 ) -> list[tuple[str, str | None]]:
     """(status, last_error) of each of ``saga_ids``."""
     return [(str(s), e) for s, e in conn.execute(query("outcomes", table), {"ids": list(saga_ids)}).fetchall()]
+
+
+def prune_log(
+    conn: psycopg.Connection[Any],
+    table: SagaTable,
+    older_than: timedelta,
+    *,
+    batch_size: int = 1000,
+    dry_run: bool = False,
+) -> int:
+    """Delete the log of sagas completed or compensated more than ``older_than`` ago; return how many rows.
+
+    Failed and live sagas keep their log; saga rows are never deleted. With ``dry_run``,
+    count instead.
+    """
+    params = {"older_than": older_than, "batch": batch_size}
+    if dry_run:
+        return retention.count(conn, query("count_prunable_log", table), params)
+    return retention.delete_in_batches(conn, query("prune_log", table), params)

@@ -77,6 +77,25 @@ WHERE saga_id = %(saga_id)s AND version = %(version)s
 RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
           step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
 
+-- count_sends --
+-- How many times the saga sent the action of `step`: once when it entered the step, once
+-- more for each of the watchdog's re-sends and each resume by an operator.
+SELECT count(*)
+FROM {schema}.{log}
+WHERE saga_id = %(saga_id)s AND step = %(step)s AND status = 'running'
+  AND event IN ('started', 'advanced', 'resent', 'resumed')
+
+-- record_error --
+-- The watchdog could not handle the saga (an unexpected error): say why on the row and
+-- look again one step timeout later, so that the others are not held up by it.
+UPDATE {schema}.{table}
+SET last_error = %(error)s,
+    deadline_at = now() + step_timeout,
+    updated_at = now()
+WHERE saga_id = %(saga_id)s AND version = %(version)s
+RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+
 -- insert_log --
 INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
 VALUES (%(saga_id)s, %(version)s, %(status)s, %(step)s, %(event)s, %(detail)s)
@@ -154,3 +173,27 @@ FROM (
     FROM {schema}.{table} AS s
     WHERE s.status IN ('running', 'compensating')
 ) AS live
+
+-- prune_log --
+-- The transitions of sagas that completed or compensated longer than the retention ago,
+-- a batch at a time, oldest log rows first (the primary key's order). Failed sagas keep
+-- their log for the operator who will resume them; the saga rows themselves stay (an
+-- idempotent placement finds its saga by key).
+DELETE FROM {schema}.{log}
+WHERE id IN (SELECT l.id FROM {schema}.{log} AS l
+             WHERE l.at < now() - %(older_than)s::interval
+               AND EXISTS (SELECT 1 FROM {schema}.{table} AS s
+                           WHERE s.saga_id = l.saga_id
+                             AND s.status IN ('completed', 'compensated')
+                             AND s.completed_at < now() - %(older_than)s::interval)
+             ORDER BY l.id
+             LIMIT %(batch)s
+             FOR UPDATE SKIP LOCKED)
+
+-- count_prunable_log --
+SELECT count(*) FROM {schema}.{log} AS l
+WHERE l.at < now() - %(older_than)s::interval
+  AND EXISTS (SELECT 1 FROM {schema}.{table} AS s
+              WHERE s.saga_id = l.saga_id
+                AND s.status IN ('completed', 'compensated')
+                AND s.completed_at < now() - %(older_than)s::interval)

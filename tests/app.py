@@ -9,13 +9,13 @@ from __future__ import annotations
 from actors.app import app as order_system
 from estafeta import App
 
-from . import lock_steps, steps
+from . import lock_steps, probe_sagas, steps
 from .probe import SERVICE as probe
 
 #: The order system plus the probe service; the probe's steps can send to the order system's.
 app = App("tests", services=[probe], include=[order_system])
 
-__all__ = ["app", "lock_steps", "steps"]
+__all__ = ["app", "lock_steps", "probe_sagas", "steps"]
 
 #: Every step of the tests' app, by actor name.
 STEPS = app.steps

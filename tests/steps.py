@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import uuid
 from collections import Counter
@@ -53,3 +55,42 @@ def explode(ctx: StepContext, command: Explode) -> None:
 def refuse(ctx: StepContext, command: Refuse) -> dict[str, str]:
     _record_and_send(ctx, command.ping_id)
     raise BusinessFailure("not enough money in account 42")
+
+
+@attrs.frozen
+class Settle:
+    """Charge an order's test account once; fails (not a refusal: retried, then parked) while it has none."""
+
+    order_id: uuid.UUID
+    amount_cents: int = 100
+
+
+@SERVICE.step(Settle, name="test_settle", lock=lambda c: f"order:{c.order_id}")
+def settle(ctx: StepContext, command: Settle) -> None:
+    row = ctx.conn.execute(
+        "SELECT charged FROM probe.test_accounts WHERE order_id = %s FOR UPDATE", (command.order_id,)
+    ).fetchone()
+    if row is None:
+        raise LookupError(f"no account for order {command.order_id}")
+    if not row[0]:
+        ctx.conn.execute(
+            "UPDATE probe.test_accounts SET balance_cents = balance_cents - %s, charged = true WHERE order_id = %s",
+            (command.amount_cents, command.order_id),
+        )
+    ctx.conn.execute(
+        "INSERT INTO probe.test_charges (order_id, message_id, charged, amount_cents, worker_pid)"
+        " VALUES (%s, %s, %s, %s, %s)",
+        (command.order_id, ctx.message_id, not row[0], command.amount_cents, os.getpid()),
+    )
+
+
+@attrs.frozen
+class Crash:
+    """Kill the worker process that runs it, with SIGKILL (as an OOM kill or a segfault would)."""
+
+    ping_id: uuid.UUID
+
+
+@SERVICE.step(Crash, name="test_crash")
+def crash(ctx: StepContext, command: Crash) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -48,7 +48,8 @@ def test_a_charge_beyond_the_balance_is_a_business_failure_that_changes_nothing(
     seed(runtime, {"c1": 1_000}, {})
     assert run(runtime, "payments.charge_payment", ChargePayment(uuid.uuid4(), "c1", 3_000)) == "failed"
     assert balance(conn) == 1_000
-    assert scalar(conn, "SELECT count(*) FROM payments.payments") == 0
+    # Nothing charged; the refusal is recorded as the order's one decision.
+    assert conn.execute("SELECT status, amount_cents FROM payments.payments").fetchall() == [("refused", 0)]
     # Nobody asked for an answer, so the refusal is parked where an operator sees it.
     assert "insufficient funds: customer c1 has 1000 cents" in scalar(conn, "SELECT reason FROM payments.dead_letters")
 
@@ -107,7 +108,7 @@ def test_reserving_more_than_there_is_is_a_business_failure(
     seed(runtime, {}, stock)
     assert run(runtime, "inventory.reserve_stock", ReserveStock(uuid.uuid4(), "s1", 2)) == "failed"
     assert reason in scalar(conn, "SELECT reason FROM inventory.dead_letters")
-    assert scalar(conn, "SELECT count(*) FROM inventory.reservations") == 0
+    assert conn.execute("SELECT status, quantity FROM inventory.reservations").fetchall() == [("refused", 0)]
 
 
 def test_a_release_before_the_reservation_refuses_the_late_reservation(runtime: Runtime, conn) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 
+import psycopg
 import pytest
 
 from .helpers import scalar
@@ -136,3 +137,28 @@ def test_the_demo_runs_end_to_end_and_reconciles(env: dict[str, str]) -> None:
     assert summary["duplicates_published"] > 0
     assert summary["duplicates_absorbed"] == summary["duplicates_published"]
     assert summary["latency_p50"] <= summary["latency_p99"]
+
+
+def test_the_demo_runs_with_each_service_in_a_database_of_its_own(database_url: str) -> None:
+    from psycopg import conninfo, sql
+
+    from .services import admin_dsn, scratch_database
+
+    with scratch_database() as base:
+        env = service_env(base, "stub://")
+        summary = json.loads(ok(env, "demo", "--orders", "20", "--seed", "3", "--json", "--database-per-service"))
+        name = conninfo.conninfo_to_dict(base)["dbname"]
+        services = ("orders", "payments", "inventory", "notifications", "pingpong")
+        try:
+            assert summary["reconciled"] is True and summary["completed"] + summary["compensated"] == 20
+            with psycopg.connect(conninfo.make_conninfo(base, dbname=f"{name}_payments")) as own:
+                assert scalar(own, "SELECT count(*) FROM payments.payments") > 0
+                assert scalar(own, "SELECT to_regclass('orders.orders')") is None  # only its own schema
+            with psycopg.connect(base) as shared:
+                assert scalar(shared, "SELECT to_regclass('payments.payments')") is None
+        finally:
+            with psycopg.connect(admin_dsn(), autocommit=True) as admin:
+                for service in services:
+                    admin.execute(
+                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(f"{name}_{service}"))
+                    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
@@ -221,9 +220,10 @@ def test_the_relay_is_woken_by_notify_and_polls_for_what_it_missed(conn, runtime
     thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        listening = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%%'"
-        wait_until(lambda: scalar(conn, listening) > 0)
-        time.sleep(0.3)  # past the drain every listener does when it (re)connects
+        wait_until(lambda: relay.listening, what="the listener")
+        # Past the drain the listener asked for when it started listening (wake read first:
+        # cleared after the listener set it means that drain began; idle: it is over).
+        wait_until(lambda: not relay.wake.is_set() and relay.idle.is_set(), what="the relay waiting for a wake-up")
         if notify:
             add(conn, "k", 0)
         else:  # a lost wake-up: written without the NOTIFY, only the poll can find it

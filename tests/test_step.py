@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,9 @@ from sql import inbox
 from tests.app import STEPS
 
 from .helpers import message_for, now, scalar, wait_until
-from .steps import ATTEMPTS, Explode, Refuse
+from .integration import processes
+from .probe import SERVICE as probe
+from .steps import ATTEMPTS, Crash, Explode, Refuse
 
 PING = STEPS["pingpong.ping"]
 EXPLODE = STEPS["probe.test_explode"]
@@ -134,17 +138,42 @@ def test_failing_every_retry_is_dead_lettered_and_not_lost(runtime: Runtime, con
     assert scalar(conn, "SELECT count(*) FROM probe.pings") == 0
 
 
-def test_message_that_keeps_killing_its_worker_is_parked(runtime: Runtime, conn) -> None:
-    # Deliveries are counted in PostgreSQL before the work starts (a killed worker cannot
-    # count its own death); past the limit the message is parked without running.
-    message = message_for("pingpong.ping", Ping(uuid.uuid4(), now()))
-    conn.execute(
-        "INSERT INTO pingpong.inbox_attempts (consumer, message_id, attempts) VALUES ('pingpong.ping', %s, %s)",
-        (uuid.UUID(message.message_id), runtime.settings.max_deliveries),
-    )
-    assert deliver(PING, runtime, message) == "dead_lettered"
-    assert "does it kill its worker" in inbox.list_dead_letters(conn, "pingpong")[0]["reason"]
-    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
+def died_or_parked(workers: processes.Process, conn) -> bool:
+    return workers.popen.poll() is not None or bool(inbox.list_dead_letters(conn, "probe"))
+
+
+@pytest.mark.integration
+def test_message_that_keeps_killing_its_worker_is_parked(
+    database_url: str, amqp_url: str, runtime: Runtime, conn, tmp_path: Path
+) -> None:
+    # The step SIGKILLs the `dramatiq` worker process running it; RabbitMQ hands the message
+    # to the next worker at once, and Dramatiq counts no retry. Deliveries are counted in
+    # PostgreSQL before the work starts: past the limit the message is parked without running.
+    env = processes.service_env(database_url, amqp_url, ESTAFETA_APP="tests.app", ESTAFETA_MAX_DELIVERIES="2")
+    with conn.transaction():
+        probe.send(conn, Crash(uuid.uuid4()))
+    killed = 0
+    with processes.running(processes.relay(env, tmp_path)):
+        while not inbox.list_dead_letters(conn, "probe"):
+            workers = processes.workers(env, tmp_path, module="tests.worker", threads=1)
+            with processes.running(workers):
+                wait_until(
+                    functools.partial(died_or_parked, workers, conn),
+                    timeout=60,
+                    what="a worker killed by its message, or the message parked",
+                )
+                if workers.popen.poll() is not None:
+                    # dramatiq exits 1 when a worker process died of a signal (its log line
+                    # saying so can be lost: its log watcher stops before draining its pipe).
+                    assert workers.popen.returncode == 1
+                    killed += 1
+                    # Counted before the work started: the count survives the killed worker.
+                    assert scalar(conn, "SELECT attempts FROM probe.inbox_attempts") == killed
+            assert killed <= 2, "the message was not parked after ESTAFETA_MAX_DELIVERIES"
+    assert killed == 2
+    (letter,) = inbox.list_dead_letters(conn, "probe")
+    assert "delivered 3 times without finishing (does it kill its worker?)" in letter["reason"]
+    assert scalar(conn, "SELECT count(*) FROM probe.inbox_attempts") == 0
 
 
 def test_worker_keeps_serving_after_a_malformed_message(runtime: Runtime, conn, stub_broker, stub_worker) -> None:

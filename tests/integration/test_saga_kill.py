@@ -8,12 +8,17 @@ and stock conserved (actors/kill_and_recover.py is the same run at full size).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from actors.kill_and_recover import KillAndRecover, Plan
+
+from ..helpers import scalar
+from ..services import scratch_database
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +52,40 @@ def test_every_saga_ends_after_workers_and_relay_are_killed(
     money, stock = report["money"], report["stock"]
     assert money[0] == money[1] and stock[0] == stock[1]  # type: ignore[index]
     assert report["reconciled"] is True
+
+
+def test_every_saga_ends_with_each_service_in_its_own_database(
+    amqp_url: str, database_url: str, runtime, conn, tmp_path: Path
+) -> None:
+    # ESTAFETA_<SERVICE>_DATABASE_URL for the four order services: four databases, on RabbitMQ.
+    services = ("orders", "payments", "inventory", "notifications")
+    with contextlib.ExitStack() as stack:
+        urls = {service: stack.enter_context(scratch_database()) for service in services}
+        extra = {f"ESTAFETA_{service.upper()}_DATABASE_URL": url for service, url in urls.items()}
+        plan = Plan(orders=150, processes=1, threads=4, step_timeout=4.0, timeout=240)
+        report = KillAndRecover(database_url, amqp_url, plan, tmp_path, extra_env=extra).run()
+        print(report)
+        first, second = report["kills"]
+        assert first["running"] > 0 and first["relay_killed"] and second["compensating"] > 0
+        assert report["orders"] == 150
+        assert set(report["sagas"]) == {"completed", "compensated"}, report["sagas"]
+        assert report["reconciled"] is True, report["mismatches"]
+        # Each service's rows are in its own database, and nowhere else.
+        prefix = report["prefix"]
+        where = {
+            "orders": "SELECT count(*) FROM orders.orders WHERE starts_with(customer_id, %s)",
+            "payments": "SELECT count(*) FROM payments.payments WHERE starts_with(customer_id, %s)",
+            "inventory": "SELECT count(*) FROM inventory.reservations WHERE starts_with(sku, %s)",
+            "notifications": "SELECT count(*) FROM notifications.sent WHERE starts_with(customer_id, %s)",
+        }
+        for service, query in where.items():
+            with psycopg.connect(urls[service]) as own:
+                assert scalar(own, query, prefix) > 0, service
+            assert scalar(conn, query, prefix) == 0, service
+            for other in set(services) - {service}:
+                with psycopg.connect(urls[other]) as elsewhere:
+                    has_table = scalar(elsewhere, "SELECT to_regclass(%s) IS NOT NULL", query.split()[3])
+                    assert not has_table, f"{service}'s tables in {other}'s database"
 
 
 @pytest.mark.timeout(900)

@@ -1,0 +1,42 @@
+"""``estafeta prune``: delete what the retention settings no longer keep."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from estafeta._retention import Retention, prune
+
+from .context import current
+
+
+@click.command("prune")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("--service", "services", multiple=True, help="Only this service (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def prune_command(dry_run: bool, services: tuple[str, ...], as_json: bool) -> None:
+    """Delete inbox records, delivery counts, dead letters, fence rows and ended sagas' logs past their retention.
+
+    Retention comes from ESTAFETA_INBOX_RETENTION (7d), ESTAFETA_DEAD_LETTER_RETENTION
+    (7d, never longer than the inbox's), ESTAFETA_FENCE_RETENTION (1d) and
+    ESTAFETA_SAGA_LOG_RETENTION (30d). Rows go a batch at a time (ESTAFETA_PRUNE_BATCH_SIZE),
+    each batch a short transaction of its own that skips rows in use: safe while workers
+    run. Every worker already prunes every ESTAFETA_PRUNE_INTERVAL (1h; 0 turns it off).
+    """
+    context = current()
+    runtime = context.runtime
+    names = context.services(services)
+    chosen = [s for s in context.app.services if s.name in names]
+    sagas = [saga for saga in context.app.sagas if saga.service in names]
+    done = prune(runtime, chosen, sagas, retention=Retention.from_settings(runtime.settings), dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps(done))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for service, tables in done.items():
+        counts = ", ".join(f"{table} {n}" for table, n in tables.items())
+        click.echo(f"{service}: {verb} {counts}")
+
+
+COMMANDS = [prune_command]

@@ -1,0 +1,150 @@
+"""Dead letters an operator can act on: grouped by cause, shown, replayed once through the outbox."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from actors.order_saga import ORDER_SAGA
+from brokers.publish import to_message
+from estafeta import Runtime, Watchdog, deliver
+from estafeta._dead_letters import groups, list_dead_letters, normalise, replay, show
+from tests.app import STEPS
+from tests.app import app as tests_app
+
+from .helpers import message_for, scalar
+from .lock_steps import open_account
+from .shop import Courier, place, saga, seed
+from .steps import Settle
+from .test_saga import CHARGE, _give_up_on_charge
+from .test_saga_refusals import lock_held_elsewhere
+
+SETTLE = "probe.test_settle"
+
+
+def parked_settle(runtime: Runtime, order_id: uuid.UUID) -> Any:
+    """A settle command failing on its last allowed attempt: dead-lettered with the error."""
+    message = message_for(SETTLE, Settle(order_id), retries=runtime.settings.max_retries)
+    assert deliver(STEPS[SETTLE], runtime, message) == "dead_lettered"
+    return message
+
+
+def charges(conn, order_id: uuid.UUID) -> int:
+    return int(scalar(conn, "SELECT count(*) FROM probe.test_charges WHERE order_id = %s AND charged", order_id))
+
+
+def test_dead_letters_are_grouped_by_actor_error_type_and_normalised_message(runtime: Runtime, conn) -> None:
+    for _ in range(3):
+        parked_settle(runtime, uuid.uuid4())
+    bad = message_for(SETTLE, Settle(uuid.uuid4())).copy(args=({"order_id": "nope"},))
+    assert deliver(STEPS[SETTLE], runtime, bad) == "dead_lettered"
+    found = groups(runtime, ["probe"])
+    assert [(g.cause.actor, g.cause.error, g.count) for g in found] == [
+        (SETTLE, "LookupError", 3),
+        (SETTLE, "InvalidMessage", 1),
+    ]
+    assert found[0].cause.pattern == "no account for order <uuid>"
+    assert len({g.group for g in found}) == 2
+    letters = list_dead_letters(runtime, ["probe"], group=found[0].group)
+    assert len(letters) == 3 and all(letter.cause == found[0].cause for letter in letters)
+    assert show(runtime, ["probe"], letters[0].id).message["args"] == letters[0].message["args"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("order 1f0e0c4e-8b1a-4c53-9a55-2b8e3c1d0e77 needs 3000 cents", "order <uuid> needs <n> cents"),
+        ("customer 'ann' has no account", "customer <str> has no account"),
+        ('key "k-42"  is    taken', "key <str> is taken"),
+    ],
+)
+def test_messages_are_normalised_so_one_cause_is_one_group(text: str, expected: str) -> None:
+    assert normalise(text) == expected
+
+
+def test_a_replay_goes_through_the_outbox_under_a_new_id_and_takes_effect_once(runtime: Runtime, conn) -> None:
+    order_id = uuid.uuid4()
+    original = parked_settle(runtime, order_id)
+    (group,) = groups(runtime, ["probe"])
+    assert deliver(STEPS[SETTLE], runtime, original) == "duplicate"  # the inbox swallows a plain re-send
+    open_account(conn, order_id)  # the cause, fixed
+    assert [o.outcome for o in replay(runtime, tests_app, ["probe"], group=group.group, dry_run=True)] == [
+        "would replay"
+    ]
+    assert scalar(conn, "SELECT count(*) FROM probe.outbox") == 0
+    (outcome,) = replay(runtime, tests_app, ["probe"], group=group.group)
+    assert outcome.outcome == "replayed" and outcome.message_id is not None
+    row = conn.execute("SELECT message_id, actor_name, message FROM probe.outbox").fetchone()
+    assert row[0] == outcome.message_id and row[0] != uuid.UUID(original.message_id)
+    assert row[1] == SETTLE and row[2]["args"] == list(original.args)
+    assert row[2]["options"]["replay_of"] == original.message_id
+    assert "retries" not in row[2]["options"]  # a fresh set of retries
+    letter = show(runtime, ["probe"], outcome.letter.id)
+    assert (letter.status, letter.replayed_as) == ("replayed", outcome.message_id)
+    # Replaying again (the group, or the one id) changes nothing: one effect.
+    assert replay(runtime, tests_app, ["probe"], group=group.group) == []
+    assert [o.outcome for o in replay(runtime, tests_app, ["probe"], ids=[letter.id])] == ["already replayed"]
+    Courier(runtime, conn).run()
+    assert charges(conn, order_id) == 1
+    assert scalar(conn, "SELECT count(*) FROM probe.outbox") == 0
+
+
+def _charge_parked_while_locked(runtime: Runtime, conn, database_url: str) -> tuple[uuid.UUID, uuid.UUID]:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    row = Courier(runtime, conn).take(CHARGE)
+    message = to_message(row).copy(options={"retries": runtime.settings.max_retries})
+    with lock_held_elsewhere(database_url, str(placed.order_id)):
+        assert deliver(STEPS[CHARGE], runtime, message) == "dead_lettered"  # its last attempt met the lock
+    assert "LockNotAcquired" in scalar(conn, "SELECT reason FROM payments.dead_letters")
+    return placed.saga_id, placed.order_id
+
+
+def test_a_saga_command_whose_saga_still_waits_for_it_is_replayed(runtime: Runtime, conn, database_url) -> None:
+    saga_id, _ = _charge_parked_while_locked(runtime, conn, database_url)
+    assert [o.outcome for o in replay(runtime, tests_app, ["payments"])] == ["replayed"]
+    Courier(runtime, conn).run()
+    assert saga(conn, saga_id).status == "completed"  # the replay's answer was the one the saga waited for
+    assert scalar(conn, "SELECT balance_cents FROM payments.accounts") == 7_000
+
+
+def test_a_saga_command_whose_saga_moved_on_is_marked_obsolete_not_replayed(
+    runtime: Runtime, conn, database_url
+) -> None:
+    saga_id, _ = _charge_parked_while_locked(runtime, conn, database_url)
+    courier = Courier(runtime, conn)
+    # Every re-send goes unanswered too: the saga gives up on the charge and compensates.
+    _give_up_on_charge(conn, courier, Watchdog(runtime, [ORDER_SAGA]), saga_id, 0.05)
+    courier.run()
+    assert saga(conn, saga_id).status == "compensated"
+    (outcome,) = replay(runtime, tests_app, ["payments"])
+    assert outcome.outcome == "obsolete" and "moved on" in (outcome.detail or "")
+    assert scalar(conn, "SELECT count(*) FROM payments.outbox") == 0
+    assert show(runtime, ["payments"], outcome.letter.id).status == "obsolete"
+    assert scalar(conn, "SELECT balance_cents FROM payments.accounts") == 10_000
+
+
+def test_show_names_a_dead_letter_that_is_not_there(runtime: Runtime) -> None:
+    with pytest.raises(LookupError, match="no dead letter 42"):
+        show(runtime, ["probe"], 42)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["dead-letters", "replay"], "give LETTER_IDS, --group GROUP or --all"),
+        (["dead-letters", "replay", "1", "--all"], "give LETTER_IDS, --group GROUP or --all"),
+        (["dead-letters", "replay", "--group", "0123456789"], "no parked dead letters in group 0123456789"),
+        (["dead-letters", "show", "424242"], "no dead letter 424242"),
+        (["dead-letters", "list", "--service", "nope"], "Invalid value for --service"),
+    ],
+)
+def test_the_commands_refuse_bad_input_in_one_line(database_url: str, runtime: Runtime, args, expected) -> None:
+    from .integration.processes import service_env
+    from .test_cli import run
+
+    result = run(service_env(database_url, "stub://"), *args)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
