@@ -6,8 +6,9 @@ status, stuck and failed sagas, and one saga's timeline. Everything is read from
 services' databases, so the console shows the same on RabbitMQ, Redis or any broker.
 
 It is read-only unless ``estafeta serve --allow-actions``: then it can put failed outbox
-rows back in line and resume or abort a saga, through the same calls as ``estafeta
-outbox retry``, ``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
+rows back in line, replay a group of dead letters, and resume or abort a saga, through the
+same calls as ``estafeta outbox retry``, ``estafeta dead-letters replay --group``,
+``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
 forms carrying a token of this process (a page elsewhere cannot forge them), and pages
 forbid framing and scripts.
 """
@@ -24,6 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from estafeta import App, Runtime, SagaError, SagaNotFound
+from estafeta._dead_letters import replay
 from sql import outbox
 
 from . import console_data
@@ -71,6 +73,7 @@ class Console:
         self.router.add_api_route("/sagas/{saga_id}", self.saga_page, methods=["GET"], response_class=HTMLResponse)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
+            self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
             self.router.add_api_route("/sagas/{saga_id}/resume", self.resume_saga, methods=["POST"])
             self.router.add_api_route("/sagas/{saga_id}/abort", self.abort_saga, methods=["POST"])
 
@@ -119,6 +122,21 @@ class Console:
             with self.runtime.database(name).connection() as conn:
                 total += len(outbox.retry_failed(conn, name, row_id))
         return _back("/console", f"{total} outbox row(s) back to pending")
+
+    def replay_dead_letters(self, form: Form) -> Response:
+        """Replay one group of a service's parked dead letters, as ``estafeta dead-letters replay --group`` does."""
+        if self._forged(form):
+            return self._refuse(_FORGED, status=403)
+        service, group = form.get("service", ""), form.get("group", "")
+        if service not in self.app.service_names:
+            return self._refuse(f"no service {service!r}")
+        done = replay(self.runtime, self.app, [service], group=group)
+        if not done:
+            return self._refuse(f"no parked dead letters in group {group!r} of {service}", status=404)
+        counts: dict[str, int] = {}
+        for outcome in done:
+            counts[str(outcome.outcome)] = counts.get(str(outcome.outcome), 0) + 1
+        return _back("/console", "dead letters: " + ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
 
     def resume_saga(self, saga_id: str, form: Form) -> Response:
         """Resume the saga, as ``estafeta sagas resume`` does: its current step is sent again."""

@@ -9,7 +9,8 @@ from typing import Any
 import attrs
 
 from estafeta import App, Runtime, Saga
-from sql import console, outbox, sagas
+from estafeta._dead_letters import Group, groups
+from sql import outbox, sagas
 from sql.outbox import OutboxStats
 from sql.sagas import LogEntry, SagaRow
 
@@ -41,8 +42,8 @@ class Overview:
     outboxes: list[tuple[str, OutboxStats]]
     #: Outbox rows out of publish attempts, each with its ``service``.
     failed_rows: list[dict[str, Any]]
-    #: (service, dead letters of one consumer that failed the same way).
-    dead_letters: list[tuple[str, console.DeadLetterCause]]
+    #: Parked dead letters grouped by cause (the groups ``estafeta dead-letters`` shows), most first.
+    dead_letters: list[Group]
     sagas: list[SagaKind]
     #: Live sagas past their deadline (nobody answered; the watchdog or an operator must act).
     stuck: list[SagaLine]
@@ -78,7 +79,6 @@ def read_overview(app: App, runtime: Runtime) -> Overview:
         with runtime.database(name).connection() as conn:
             outboxes.append((name, outbox.stats(conn, name)))
             failed_rows += [{"service": name, **row} for row in outbox.list_failed(conn, name, LIMIT)]
-            dead_letters += [(name, cause) for cause in console.dead_letters_by_cause(conn, name, LIMIT)]
     kinds, stuck, failed = [], [], []
     for saga in app.sagas:
         with runtime.database(saga.service).connection() as conn:
@@ -90,7 +90,7 @@ def read_overview(app: App, runtime: Runtime) -> Overview:
                 SagaLine(saga.name, r)
                 for r in sagas.search(conn, saga.table, status="failed", stuck=False, limit=LIMIT)
             ]
-    dead_letters.sort(key=lambda pair: (-pair[1].count, pair[0]))
+    dead_letters = sorted(groups(runtime, app.service_names), key=lambda g: (-g.count, g.service))[:LIMIT]
     return Overview(outboxes, failed_rows, dead_letters, kinds, stuck, failed)
 
 

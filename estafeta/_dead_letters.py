@@ -30,7 +30,7 @@ import attrs
 from sql import dead_letters as store
 from sql import outbox as outbox_store
 
-from ._messages import new_traceparent
+from . import _tracing as tracing
 from ._runtime import Runtime
 from ._steps import REPLY_TO
 
@@ -316,22 +316,27 @@ def _send_again(conn: Any, app: App, service: str, row: store.DeadLetterRow) -> 
     original = row.message.get("options") or {}
     options = {key: value for key, value in original.items() if key not in _DELIVERY_OPTIONS}
     options["replay_of"] = row.message_id
-    options["traceparent"] = new_traceparent(original.get("traceparent"))
-    saga_id = options.get("saga_id")
+    saga_id = uuid.UUID(str(options["saga_id"])) if options.get("saga_id") else None
     step = app.steps[row.consumer]
     message_id = uuid.uuid4()
-    outbox_store.insert(
-        conn,
-        service,
-        outbox_store.OutgoingMessage(
-            message_id=message_id,
-            queue_name=step.queue_name,
-            actor_name=step.actor_name,
-            args=list(row.message.get("args") or []),
-            kwargs=dict(row.message.get("kwargs") or {}),
-            options=options,
-            ordering_key=(original.get(REPLY_TO) or {}).get("ordering_key"),
-            saga_id=uuid.UUID(str(saga_id)) if saga_id else None,
-        ),
-    )
+    # A new trace, linked to the one the message was first created in.
+    with (
+        tracing.replaying(f"replay {step.queue_name}", original, **{"estafeta.replay_of": row.message_id}),
+        tracing.creating(step.queue_name, step.actor_name, message_id, saga_id, None) as trace_context,
+    ):
+        options.update(trace_context)
+        outbox_store.insert(
+            conn,
+            service,
+            outbox_store.OutgoingMessage(
+                message_id=message_id,
+                queue_name=step.queue_name,
+                actor_name=step.actor_name,
+                args=list(row.message.get("args") or []),
+                kwargs=dict(row.message.get("kwargs") or {}),
+                options=options,
+                ordering_key=(original.get(REPLY_TO) or {}).get("ordering_key"),
+                saga_id=saga_id,
+            ),
+        )
     return message_id

@@ -178,6 +178,36 @@ def test_a_replay_starts_a_new_trace_linked_to_the_original(runtime: Runtime, co
     assert (link.context.trace_id, link.context.span_id) == (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331)
 
 
+def test_a_dead_letter_replay_is_a_new_trace_linked_to_where_the_message_was_created(runtime: Runtime, conn) -> None:
+    from estafeta._dead_letters import replay
+    from tests.app import app as tests_app
+
+    from .lock_steps import open_account
+    from .steps import Settle
+
+    order_id = uuid.uuid4()
+    created = new_traceparent()
+    message = message_for(
+        "probe.test_settle", Settle(order_id), retries=runtime.settings.max_retries, traceparent=created
+    )
+    assert deliver(STEPS["probe.test_settle"], runtime, message) is Outcome.DEAD_LETTERED
+    open_account(conn, order_id)
+    with spans.capture() as exporter:
+        (replayed,) = replay(runtime, tests_app, ["probe"])
+        finished = exporter.get_finished_spans()
+    assert replayed.outcome == "replayed"
+    (root,) = spans.named(finished, "replay probe")
+    (create,) = spans.named(finished, "create probe")
+    assert root.parent is None and spans.parent_id(create) == root.context.span_id
+    original_trace = int(created.split("-")[1], 16)
+    assert root.context.trace_id != original_trace
+    (link,) = root.links
+    assert (link.context.trace_id, link.context.span_id) == (original_trace, int(created.split("-")[2], 16))
+    stored = scalar(conn, "SELECT message #>> '{options,traceparent}' FROM probe.outbox")
+    assert stored.split("-")[1] == f"{create.context.trace_id:032x}"
+    assert stored.split("-")[2] == f"{create.context.span_id:016x}"
+
+
 @pytest.mark.parametrize("with_parent", [True, False])
 def test_without_a_recording_span_rows_still_carry_a_traceparent(runtime: Runtime, conn, with_parent: bool) -> None:
     parent = new_traceparent() if with_parent else None

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from ..helpers import scalar, wait_until
 from ..http_server import Server, serving
@@ -117,6 +118,19 @@ def test_failed_rows_are_retried_and_a_saga_aborted_from_the_console(
         assert text(browser, "#notice") == "1 outbox row(s) back to pending"
         assert scalar(conn, "SELECT status FROM orders.outbox") == "pending"
 
+        parked = {"args": [{"order_id": str(uuid.uuid4()), "customer_id": "nobody", "amount_cents": 100}]}
+        conn.execute(
+            "INSERT INTO payments.dead_letters (consumer, message_id, message, reason) VALUES (%s, %s, %s, %s)",
+            ("payments.charge_payment", str(uuid.uuid4()), Jsonb(parked), "failed 4 times, last: OSError: disk full"),
+        )
+        browser.get(f"{server.url}/console")
+        assert "OSError: disk full" in text(browser, "#dead-letters")
+        click(browser, "#dead-letters td button[name=replay]")
+        wait_until(lambda: "dead letters" in text(browser, "#notice"), what="the replay's notice")
+        assert text(browser, "#notice") == "dead letters: 1 replayed"
+        assert scalar(conn, "SELECT status FROM payments.dead_letters") == "replayed"
+        assert scalar(conn, "SELECT message #>> '{options,replay_of}' FROM payments.outbox") is not None
+
         browser.get(f"{server.url}/console/sagas/{saga_id}")
         browser.find_element("css selector", "input[name=reason]").send_keys("customer called")
         click(browser, "button[name=abort]")
@@ -138,7 +152,9 @@ def test_without_allow_actions_the_console_only_reads(database_url: str, conn, b
         assert "read-only" in text(browser, "header")
         assert browser.find_elements("css selector", "button[name=resume]") == []
         causes = text(browser, "#dead-letters")
-        assert "payments.charge_payment 3 not a valid ChargePayment: amount <n> <b>x</b>" in causes  # escaped, grouped
+        # Escaped, and grouped as `estafeta dead-letters groups` groups them.
+        assert "payments.charge_payment 3 InvalidMessage: not a valid ChargePayment: amount <n> <b>x</b>" in causes
+        assert browser.find_elements("css selector", "button[name=replay]") == []
 
         browser.get(f"{server.url}/console/sagas/{saga_id}")
         assert text(browser, "#status") == "running"
