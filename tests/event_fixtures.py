@@ -1,0 +1,63 @@
+"""Fixtures of the event store tests: a scratch database, and a fresh service schema per test.
+
+Kept apart from ``conftest.py`` (and from the order system's services): the event store is a
+migration any service can opt into, so these tests apply it to schemas of their own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+from psycopg import sql
+
+from sql import migrate
+
+from .services import scratch_database
+
+
+def migrate_events(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Apply the messaging and event store migrations to ``schema``."""
+    directories = [migrate.builtin_directory("_common"), migrate.builtin_directory("_events")]
+    migrate.apply(conn, schema, migrate.load(directories))
+
+
+@attrs.frozen
+class EventSchema:
+    """A migrated service schema of one test, in the run's event database."""
+
+    dsn: str
+    schema: str
+
+    def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+        """A new connection to the database (autocommit unless told otherwise)."""
+        return psycopg.connect(self.dsn, autocommit=autocommit)
+
+
+@pytest.fixture(scope="session")
+def event_database() -> Iterator[str]:
+    """A database of this run's own for the event store tests."""
+    with scratch_database() as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def event_schema(event_database: str) -> Iterator[EventSchema]:
+    """A service schema with the event store, new for each test, dropped afterwards."""
+    schema = f"ev_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(event_database, autocommit=True) as conn:
+        migrate_events(conn, schema)
+    yield EventSchema(event_database, schema)
+    with psycopg.connect(event_database, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def conn(event_schema: EventSchema) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test's database."""
+    with event_schema.connect() as connection:
+        yield connection

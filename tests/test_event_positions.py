@@ -1,0 +1,69 @@
+"""The integer high-water mark of the log, and why ``pg_snapshot_xmax`` cannot be its bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from estafeta._events import EventStore
+from sql import event_store
+
+from .event_fixtures import EventSchema, conn, event_database, event_schema  # noqa: F401  (fixtures)
+from .event_types import OrderCreated, registry
+
+
+def created(order_id: str) -> OrderCreated:
+    return OrderCreated(order_id, "c1", 100, "EUR")
+
+
+def test_the_high_water_mark_waits_for_an_open_writer(event_schema: EventSchema, conn: psycopg.Connection[Any]) -> None:
+    store = EventStore(event_schema.schema, registry)
+    slow = event_schema.connect(autocommit=False)
+    [held] = store.append(slow, "order-slow", [created("slow")])
+    [later] = store.append(conn, "order-fast", [created("fast")])  # commits at once, after a smaller position
+    assert held.position < later.position
+    assert store.high_water_mark(conn, timeout=0.3) is None, "a position below the mark is not final yet"
+    slow.commit()
+    mark = store.high_water_mark(conn, timeout=60)
+    assert mark is not None and mark >= later.position
+    assert [e.stream_id for e in store.read_all(conn, up_to=mark)] == ["order-slow", "order-fast"]
+    slow.close()
+
+
+def test_pg_snapshot_xmax_is_not_a_bound_on_running_writers(event_schema: EventSchema) -> None:
+    """DESIGN.md proposed: read the sequence (S), then X = pg_snapshot_xmax; once xmin reaches X, S is final.
+
+    xmax is the last *completed* transaction id plus one, so a writer that is still running
+    can hold an id at or above it: xmin reaches X while that writer's position (<= S) is
+    still uncommitted. Transaction ids are server-wide, and another transaction completing
+    in between hides the case, so the construction is tried until it is undisturbed.
+    """
+    store = EventStore(event_schema.schema, registry)
+    reader = event_schema.connect()
+    fooled = 0
+    for attempt in range(50):
+        writer = event_schema.connect(autocommit=False)
+        [pending] = store.append(writer, f"order-{attempt}", [created(str(attempt))])
+        mark = event_store.last_position(reader, store.schema)
+        row = reader.execute(
+            "SELECT pg_snapshot_xmax(s)::text::bigint, pg_snapshot_xmin(s)::text::bigint FROM pg_current_snapshot() s"
+        ).fetchone()
+        assert row is not None
+        xmax, xmin = row
+        if xmin >= xmax:  # the proposed rule now says: every position up to `mark` is final
+            assert pending.position <= mark
+            visible = reader.execute(
+                sql.SQL("SELECT count(*) FROM {}.events WHERE position = %s").format(sql.Identifier(store.schema)),
+                (pending.position,),
+            ).fetchone()
+            assert visible == (0,), "the writer is still open: its position is not final"
+            assert pending.tx_id >= xmax
+            fooled += 1
+        writer.rollback()
+        writer.close()
+        if fooled >= 3:
+            break
+    reader.close()
+    assert fooled >= 3, "the xmax rule was never fooled: the server was too busy to show it (tried 50 times)"
