@@ -210,9 +210,13 @@ class Repository(Generic[A]):
         loaded_at = aggregate.version - len(pending)
         expected: ExpectedVersion = NO_STREAM if loaded_at == 0 else loaded_at
         recorded = self.store.append(
-            conn, aggregate.stream_id, pending, expected_version=expected,
-            stream_type=self.cls.stream_type or self.cls.__name__, metadata=metadata,
-        )  # fmt: skip
+            conn,
+            aggregate.stream_id,
+            pending,
+            expected_version=expected,
+            stream_type=self.cls.stream_type or self.cls.__name__,
+            metadata=metadata,
+        )
         aggregate._estafeta_pending = []
         every = self.cls.snapshot_every
         if every and aggregate.version - aggregate._estafeta_snapshot_version >= every:
@@ -224,10 +228,15 @@ class Repository(Generic[A]):
         if aggregate._estafeta_pending:
             raise ValueError(f"{self.name} {aggregate.stream_id!r} has unsaved events: save it first")
         event_store.put_snapshot(
-            conn, self.store.schema, aggregate.stream_id, aggregate=self.name,
-            schema_version=self.cls.schema_version, version=aggregate.version,
-            fingerprint=_fingerprint(self.cls), state=converter.unstructure(aggregate),
-        )  # fmt: skip
+            conn,
+            self.store.schema,
+            aggregate.stream_id,
+            aggregate=self.name,
+            schema_version=self.cls.schema_version,
+            version=aggregate.version,
+            fingerprint=_fingerprint(self.cls),
+            state=converter.unstructure(aggregate),
+        )
         aggregate._estafeta_snapshot_version = aggregate.version
 
     def _from_snapshot(self, conn: psycopg.Connection[Any], stream_id: str, target: int | None) -> tuple[A, int]:
@@ -237,9 +246,13 @@ class Repository(Generic[A]):
         if not self.cls.snapshot_every:
             return blank, 0
         found = event_store.latest_snapshot(
-            conn, self.store.schema, stream_id, aggregate=self.name,
-            schema_version=self.cls.schema_version, up_to_version=target,
-        )  # fmt: skip
+            conn,
+            self.store.schema,
+            stream_id,
+            aggregate=self.name,
+            schema_version=self.cls.schema_version,
+            up_to_version=target,
+        )
         if found is None:
             return blank, 0
         version, fingerprint, state = found
@@ -247,8 +260,11 @@ class Repository(Generic[A]):
             logger.warning(
                 "ignoring the snapshot of %s %r at version %d: the class's fields changed without a"
                 " schema_version bump (still %d); replaying the stream",
-                self.name, stream_id, version, self.cls.schema_version,
-            )  # fmt: skip
+                self.name,
+                stream_id,
+                version,
+                self.cls.schema_version,
+            )
             return blank, 0
         try:
             aggregate = converter.structure(state, self.cls)

@@ -14,8 +14,8 @@ from psycopg import sql
 from estafeta._aggregates import NoApplyFor, Repository, StreamNotFound
 from estafeta._events import ConcurrencyConflict, EventStore
 
-from .event_fixtures import EventSchema, conn, event_database, event_schema  # noqa: F401  (fixtures)
 from .event_types import Order, OrderConfirmed, OrderCreated, registry
+from .support import EventSchema
 
 
 def repository(schema: EventSchema, cls: type[Order] = Order) -> Repository[Any]:
@@ -68,20 +68,28 @@ def test_snapshots_every_n_events_are_used_on_load(event_schema: EventSchema, co
     orders.save(conn, order)
     assert snapshots(conn, event_schema.schema) == [("Order", 1, 10), ("Order", 1, 20)]
     # Tamper with the newest snapshot: a load that reflects it proves the snapshot was used.
-    conn.execute(sql.SQL("UPDATE {}.snapshots SET state = state || '{{\"items\": 1000}}' WHERE version = 20").format(
-        sql.Identifier(event_schema.schema)))  # fmt: skip
+    conn.execute(
+        sql.SQL("UPDATE {}.snapshots SET state = state || '{{\"items\": 1000}}' WHERE version = 20").format(
+            sql.Identifier(event_schema.schema)
+        )
+    )
     assert orders.load(conn, "order-1").items == 1000 + 5
     assert orders.load(conn, "order-1", version=15).items == 14, "the snapshot at 10 plus five events"
 
 
-def test_snapshots_of_another_schema_version_are_ignored(event_schema: EventSchema, conn: psycopg.Connection[Any]) -> None:
+def test_snapshots_of_another_schema_version_are_ignored(
+    event_schema: EventSchema, conn: psycopg.Connection[Any]
+) -> None:
     orders = repository(event_schema)
     order = Order.create("1", "c1", 700, "EUR")
     for _ in range(11):
         order.add_item("sku", 2)
     orders.save(conn, order)
-    conn.execute(sql.SQL("UPDATE {}.snapshots SET state = state || '{{\"items\": -1}}'").format(
-        sql.Identifier(event_schema.schema)))  # fmt: skip
+    conn.execute(
+        sql.SQL("UPDATE {}.snapshots SET state = state || '{{\"items\": -1}}'").format(
+            sql.Identifier(event_schema.schema)
+        )
+    )
     assert orders.load(conn, "order-1").items == -1, "the (tampered) snapshot at version 12 is used"
 
     @attrs.define
@@ -109,8 +117,11 @@ def test_a_field_change_without_a_schema_bump_is_caught_by_the_fingerprint(
     for _ in range(10):
         order.add_item("sku", 3)
     orders.save(conn, order)
-    conn.execute(sql.SQL("UPDATE {}.snapshots SET state = state || '{{\"items\": -1}}'").format(
-        sql.Identifier(event_schema.schema)))  # fmt: skip
+    conn.execute(
+        sql.SQL("UPDATE {}.snapshots SET state = state || '{{\"items\": -1}}'").format(
+            sql.Identifier(event_schema.schema)
+        )
+    )
 
     @attrs.define
     class Forgetful(Order):
@@ -140,7 +151,10 @@ def test_temporal_queries(event_schema: EventSchema, conn: psycopg.Connection[An
     with pytest.raises(StreamNotFound, match="as of time"):
         orders.load(conn, "order-1", as_of=datetime(2000, 1, 1, tzinfo=UTC))
     # The whole store as of a global position, and one stream as of a time.
-    assert [(e.stream_id, e.version) for e in store.read_all(conn, up_to=other.position)] == [("order-1", 1), ("order-2", 1)]
+    assert [(e.stream_id, e.version) for e in store.read_all(conn, up_to=other.position)] == [
+        ("order-1", 1),
+        ("order-2", 1),
+    ]
     assert [e.version for e in store.read(conn, "order-1", as_of=between)] == [1]
     later = store.read(conn, "order-1", after_version=1)
     assert [type(e.event).__name__ for e in later] == ["PaymentReceived", "OrderConfirmed"]

@@ -1,6 +1,6 @@
 """Fixtures of the event store tests: a scratch database, and a fresh service schema per test.
 
-Kept apart from ``conftest.py`` (and from the order system's services): the event store is a
+Kept apart from the root ``conftest.py`` (and from the order system's services): the event store is a
 migration any service can opt into, so these tests apply it to schemas of their own.
 """
 
@@ -10,32 +10,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import attrs
 import psycopg
 import pytest
 from psycopg import sql
 
-from sql import migrate
-
-from .services import scratch_database
-
-
-def migrate_events(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Apply the messaging and event store migrations to ``schema``."""
-    directories = [migrate.builtin_directory("_common"), migrate.builtin_directory("_events")]
-    migrate.apply(conn, schema, migrate.load(directories))
-
-
-@attrs.frozen
-class EventSchema:
-    """A migrated service schema of one test, in the run's event database."""
-
-    dsn: str
-    schema: str
-
-    def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-        """A new connection to the database (autocommit unless told otherwise)."""
-        return psycopg.connect(self.dsn, autocommit=autocommit)
+from ..services import scratch_database
+from .support import EventSchema, migrate_events
 
 
 @pytest.fixture(scope="session")

@@ -26,16 +26,23 @@ from estafeta._events import (
     UnknownSchemaVersion,
 )
 
-from .event_fixtures import EventSchema, conn, event_database, event_schema  # noqa: F401  (fixtures)
 from .event_types import DEFAULT_CURRENCY, OrderConfirmed, OrderCreated, PaymentReceived, registry
+from .support import EventSchema
 
 
 def created(order_id: str = "1", amount: int = 700) -> OrderCreated:
     return OrderCreated(order_id, "c1", amount, "USD")
 
 
-def raw_insert(conn: psycopg.Connection[Any], schema: str, stream_id: str, version: int, type_: str, schema_version: int,
-               data: dict[str, Any]) -> int:  # fmt: skip
+def raw_insert(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    stream_id: str,
+    version: int,
+    type_: str,
+    schema_version: int,
+    data: dict[str, Any],
+) -> int:
     """An event written as an older (or newer) release of the code would have, bypassing the store."""
     row = conn.execute(
         sql.SQL(
@@ -53,17 +60,22 @@ def raw_insert(conn: psycopg.Connection[Any], schema: str, stream_id: str, versi
 
 def test_append_and_read_back_with_metadata(event_schema: EventSchema, conn: psycopg.Connection[Any]) -> None:
     store = EventStore(event_schema.schema, registry)
-    meta = EventMetadata(causation_id="m-1", correlation_id="saga-9", traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    meta = EventMetadata(
+        causation_id="m-1", correlation_id="saga-9", traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    )
     with conn.transaction():
-        recorded = store.append(conn, "order-1", [created(), PaymentReceived("1", 700)], expected_version=NO_STREAM,
-                                metadata=meta)  # fmt: skip
+        recorded = store.append(
+            conn, "order-1", [created(), PaymentReceived("1", 700)], expected_version=NO_STREAM, metadata=meta
+        )
     assert [r.version for r in recorded] == [1, 2]
     assert recorded[0].position < recorded[1].position
     events = store.read(conn, "order-1")
     assert [e.event for e in events] == [created(), PaymentReceived("1", 700)]
     assert events[0].metadata == meta
     assert events[0].type == "OrderCreated" and events[0].schema_version == 2
-    stream = conn.execute(sql.SQL("SELECT type, version FROM {}.streams").format(sql.Identifier(store.schema))).fetchone()
+    stream = conn.execute(
+        sql.SQL("SELECT type, version FROM {}.streams").format(sql.Identifier(store.schema))
+    ).fetchone()
     assert stream == ("order", 2)
 
 
@@ -129,7 +141,9 @@ def test_two_writers_on_one_stream_one_conflicts_then_succeeds_on_the_new_versio
     second.close()
 
 
-def test_several_streams_in_one_transaction_are_atomic(event_schema: EventSchema, conn: psycopg.Connection[Any]) -> None:
+def test_several_streams_in_one_transaction_are_atomic(
+    event_schema: EventSchema, conn: psycopg.Connection[Any]
+) -> None:
     store = EventStore(event_schema.schema, registry)
     store.append(conn, "order-2", [created("2")])
     with pytest.raises(ConcurrencyConflict), conn.transaction():
@@ -161,23 +175,27 @@ def test_a_transaction_older_than_the_streams_last_writer_conflicts(event_schema
     older.rollback()
     store.append(older, "order-1", [OrderConfirmed("1")], expected_version=1)  # a new transaction: a newer id
     older.commit()
-    rows = older.execute(sql.SQL("SELECT version FROM {}.events ORDER BY tx_id, position").format(
-        sql.Identifier(store.schema))).fetchall()  # fmt: skip
+    rows = older.execute(
+        sql.SQL("SELECT version FROM {}.events ORDER BY tx_id, position").format(sql.Identifier(store.schema))
+    ).fetchall()
     assert [r[0] for r in rows] == [1, 2]
     older.close()
     newer.close()
 
 
-def test_a_duplicate_version_is_an_error_never_a_silent_skip(event_schema: EventSchema, conn: psycopg.Connection[Any]) -> None:
+def test_a_duplicate_version_is_an_error_never_a_silent_skip(
+    event_schema: EventSchema, conn: psycopg.Connection[Any]
+) -> None:
     """Had the insert said ON CONFLICT DO NOTHING, the second event would vanish while the append reported success."""
     store = EventStore(event_schema.schema, registry)
     store.append(conn, "order-1", [created()])
     # An event slipped in behind the streams row's back (a buggy tool): the stream row says 1.
     conn.execute(
-        sql.SQL("INSERT INTO {}.events (stream_id, version, event_id, type, schema_version, data)"
-                " VALUES ('order-1', 2, gen_random_uuid(), 'OrderConfirmed', 1, '{{\"order_id\": \"1\"}}')").format(
-            sql.Identifier(store.schema))
-    )  # fmt: skip
+        sql.SQL(
+            "INSERT INTO {}.events (stream_id, version, event_id, type, schema_version, data)"
+            " VALUES ('order-1', 2, gen_random_uuid(), 'OrderConfirmed', 1, '{{\"order_id\": \"1\"}}')"
+        ).format(sql.Identifier(store.schema))
+    )
     with pytest.raises(ConcurrencyConflict, match="duplicate key"), conn.transaction():
         store.append(conn, "order-1", [PaymentReceived("1", 5)], expected_version=1)
     assert [e.type for e in store.read(conn, "order-1")] == ["OrderCreated", "OrderConfirmed"]
@@ -187,8 +205,15 @@ def test_upcasting_reads_order_created_v1_as_v2_with_the_default_currency(
     event_schema: EventSchema, conn: psycopg.Connection[Any]
 ) -> None:
     store = EventStore(event_schema.schema, registry)
-    raw_insert(conn, store.schema, "order-old", 1, "OrderCreated", 1, {"order_id": "old", "customer_id": "c",
-                                                                        "amount_cents": 500})  # fmt: skip
+    raw_insert(
+        conn,
+        store.schema,
+        "order-old",
+        1,
+        "OrderCreated",
+        1,
+        {"order_id": "old", "customer_id": "c", "amount_cents": 500},
+    )
     store.append(conn, "order-new", [created("new")])
     old, new = store.read(conn, "order-old")[0], store.read(conn, "order-new")[0]
     assert old.event == OrderCreated("old", "c", 500, DEFAULT_CURRENCY)
@@ -228,9 +253,14 @@ def test_upcaster_chains_are_checked_at_start_up() -> None:
     ],
 )
 def test_an_event_that_cannot_be_read_names_its_position_and_reason(
-    event_schema: EventSchema, conn: psycopg.Connection[Any], type_: str, version: int, data: dict[str, Any],
-    error: type[Exception], reason: str,
-) -> None:  # fmt: skip
+    event_schema: EventSchema,
+    conn: psycopg.Connection[Any],
+    type_: str,
+    version: int,
+    data: dict[str, Any],
+    error: type[Exception],
+    reason: str,
+) -> None:
     store = EventStore(event_schema.schema, registry)
     position = raw_insert(conn, store.schema, "order-1", 1, type_, version, data)
     with pytest.raises(error) as caught:

@@ -10,8 +10,8 @@ from psycopg import sql
 from estafeta._events import EventStore
 from sql import event_store
 
-from .event_fixtures import EventSchema, conn, event_database, event_schema  # noqa: F401  (fixtures)
 from .event_types import OrderCreated, registry
+from .support import EventSchema
 
 
 def created(order_id: str) -> OrderCreated:
