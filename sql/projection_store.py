@@ -68,7 +68,13 @@ def ensure_checkpoint(conn: psycopg.Connection[Any], schema: str, projection: st
 
 
 def lock_checkpoint(conn: psycopg.Connection[Any], schema: str, projection: str) -> Checkpoint | None:
-    """The projection's checkpoint, locked until the caller's transaction ends (``None``: no row)."""
+    """The projection's checkpoint, read after taking its lock (held until the caller's transaction ends).
+
+    The lock is a transaction-scoped advisory lock, which, unlike a row lock, gives the
+    transaction no id: the batch reads the log before it holds anyone's horizon back.
+    """
+    key = f"estafeta.checkpoint:{schema}.{projection}"
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(_query("lock_checkpoint", schema), {"projection": projection}).fetchone()
     return None if row is None else Checkpoint(**row)

@@ -6,12 +6,14 @@ VALUES (%(projection)s, %(state)s)
 ON CONFLICT (projection) DO NOTHING
 
 -- lock_checkpoint --
--- Every batch begins here: the row lock orders batches, and a rebuild's switch-over, which
--- takes the same lock, waits for the batch in flight (and the next batch waits for it).
+-- Every batch begins here, after taking the checkpoint's transaction-scoped advisory lock
+-- (see lock_checkpoint in projection_store.py): a rebuild's switch-over takes the same lock,
+-- so it waits for the batch in flight, and the next batch waits for it. Not FOR UPDATE: a
+-- row lock would give the batch a transaction id before it reads, and hold back the horizon
+-- of every reader (its own high-water mark included) for the whole batch.
 SELECT projection, tx_id::text::bigint AS tx_id, position, events_applied, state, last_error, error_position
   FROM {schema}.projection_checkpoints
  WHERE projection = %(projection)s
-   FOR UPDATE
 
 -- advance_checkpoint --
 -- A checkpoint never moves back: the WHERE refuses a pair at or below the stored one.
