@@ -13,12 +13,11 @@ any or all of them changes nothing but load time.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import attrs
 import psycopg
@@ -110,9 +109,15 @@ class Aggregate:
         self._estafeta_version += 1
 
 
-@functools.cache
+_APPLIERS: dict[type, dict[type, Callable[[Any, Any], None]]] = {}
+_FINGERPRINTS: dict[type, str] = {}
+
+
 def _appliers(cls: type) -> dict[type, Callable[[Any, Any], None]]:
     """The ``@applies`` methods of ``cls`` by event class (a subclass's method wins over its base's)."""
+    cached = _APPLIERS.get(cls)
+    if cached is not None:
+        return cached
     found: dict[type, Callable[[Any, Any], None]] = {}
     for klass in reversed(cls.__mro__):
         mine: dict[type, str] = {}
@@ -126,14 +131,16 @@ def _appliers(cls: type) -> dict[type, Callable[[Any, Any], None]]:
                 )
             mine[event_type] = name
             found[event_type] = member
+    _APPLIERS[cls] = found  # computed once per class; a race computes the same dict twice
     return found
 
 
-@functools.cache
 def _fingerprint(cls: type) -> str:
     """A digest of the class's fields (names and declared types): a change without a schema bump is caught."""
-    fields = [(field.name, str(field.type)) for field in attrs.fields(cls)]
-    return hashlib.sha256(repr((cls.__qualname__, fields)).encode()).hexdigest()[:16]
+    if cls not in _FINGERPRINTS:
+        fields = [(field.name, str(field.type)) for field in attrs.fields(cls)]
+        _FINGERPRINTS[cls] = hashlib.sha256(repr((cls.__qualname__, fields)).encode()).hexdigest()[:16]
+    return _FINGERPRINTS[cls]
 
 
 class Repository(Generic[A]):
@@ -143,7 +150,7 @@ class Repository(Generic[A]):
     """
 
     def __init__(self, store: EventStore, aggregate: type[A]) -> None:
-        if not attrs.has(aggregate):
+        if not attrs.has(cast(type, aggregate)):
             raise TypeError(f"{aggregate.__name__} must be an attrs class (@attrs.define)")
         store.registry.names_of(list(_appliers(aggregate)))
         self.store = store

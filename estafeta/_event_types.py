@@ -130,12 +130,12 @@ class EventRegistry:
                         f" (the type is at version {entry.version})"
                     )
         for name, version in sorted(self._upcasters):
-            entry = self._by_name.get(name)
-            if entry is None:
+            target = self._by_name.get(name)
+            if target is None:
                 problems.append(f"an upcaster of {name!r} from version {version}, but no such event type")
-            elif not entry.since <= version < entry.version:
+            elif not target.since <= version < target.version:
                 problems.append(
-                    f"{name}: an upcaster from version {version}, outside {entry.since}..{entry.version - 1}"
+                    f"{name}: an upcaster from version {version}, outside {target.since}..{target.version - 1}"
                 )
         if problems:
             raise EventRegistryError("; ".join(problems))

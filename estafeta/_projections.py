@@ -102,15 +102,19 @@ class Projection:
         raise NotImplementedError(f"{type(self).__name__} sets handles_any but has no apply_any")
 
 
-@functools.cache
+_HANDLER_NAMES: dict[type, dict[type, str]] = {}
+
+
 def handler_names(cls: type[Projection]) -> dict[type, str]:
-    """The ``@handles`` methods of a projection class, by event class."""
-    found: dict[type, str] = {}
-    for klass in reversed(cls.__mro__):
-        for name, member in vars(klass).items():
-            for event_type in getattr(member, _HANDLES, ()):
-                found[event_type] = name
-    return found
+    """The ``@handles`` methods of a projection class, by event class (a subclass's wins)."""
+    if cls not in _HANDLER_NAMES:
+        found: dict[type, str] = {}
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                for event_type in getattr(member, _HANDLES, ()):
+                    found[event_type] = name
+        _HANDLER_NAMES[cls] = found
+    return _HANDLER_NAMES[cls]
 
 
 class ProjectionContext:
@@ -202,7 +206,7 @@ class Projector:
         for name, ddl in self.projection.tables.items():
             exists = conn.execute("SELECT to_regclass(%s)", (f'"{self.schema}"."{self.physical[name]}"',)).fetchone()
             if exists is None or exists[0] is None:
-                conn.execute(sql.SQL(ddl).format(**self._tables))  # type: ignore[arg-type]
+                conn.execute(sql.SQL(ddl).format(**self._tables))
         state = "rebuilding" if self.checkpoint_name.endswith(REBUILD_SUFFIX) else "running"
         projection_store.ensure_checkpoint(conn, self.schema, self.checkpoint_name, state)
 

@@ -151,8 +151,14 @@ def run_projector(
 def _own_listener(dsn: str, schema: str, stop: threading.Event) -> threading.Event:
     wake = threading.Event()
     WakeListener(dsn, {schema: [wake]}, stop).start()
-    threading.Thread(target=lambda: (stop.wait(), wake.set()), daemon=True).start()
+    threading.Thread(target=_set_on, args=(stop, wake), daemon=True).start()
     return wake
+
+
+def _set_on(stop: threading.Event, wake: threading.Event) -> None:
+    """Wake the projector as soon as it must stop, not after its poll interval."""
+    stop.wait()
+    wake.set()
 
 
 def _take_lock(conn: psycopg.Connection[Any], key: str) -> bool:
