@@ -26,8 +26,11 @@ from ._projections import BatchResult, Projector
 
 logger = logging.getLogger(__name__)
 
-#: The first re-look while events are held back by an older open transaction (doubles up to the poll interval).
+#: The first re-look while events are held back by an older open transaction (doubling, at most
+#: HELD_BACK_MAX_RECHECK): transactions that never append (anywhere on the server) hold events
+#: back too, and their end sends no NOTIFY.
 HELD_BACK_RECHECK = 0.005
+HELD_BACK_MAX_RECHECK = 0.1
 #: Lag gauges are refreshed at most this often (seconds).
 METRICS_INTERVAL = 1.0
 
@@ -191,7 +194,7 @@ def _tail(
             refreshed = time.monotonic()
         if event_store.held_back(conn, projector.schema, after=result.checkpoint):
             wake.wait(recheck)
-            recheck = min(recheck * 2, poll_interval)
+            recheck = min(recheck * 2, poll_interval, HELD_BACK_MAX_RECHECK)
             continue
         recheck = HELD_BACK_RECHECK
         wake.wait(poll_interval)

@@ -16,6 +16,7 @@ position that commits after a larger one was read. Two safe ways to read the who
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Collection, Sequence
@@ -86,9 +87,15 @@ class StoredEvent:
     recorded_at: datetime
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> StoredEvent:
-        """Build from a ``dict_row`` of the read queries."""
-        return cls(**row)
+    def from_row(cls, row: Sequence[Any]) -> StoredEvent:
+        """Build from a row of the read queries (their columns in field order, the JSON ones as text)."""
+        data, metadata = row[7], row[8]
+        return cls(
+            row[0], row[1], row[2], row[3], row[4], row[5], row[6],
+            None if data is None else json.loads(data),
+            {} if metadata == "{}" else json.loads(metadata),
+            row[9],
+        )  # fmt: skip
 
 
 @attrs.frozen
@@ -318,6 +325,6 @@ def latest_snapshot(
 
 
 def _read(conn: psycopg.Connection[Any], name: str, schema: str, params: dict[str, Any]) -> list[StoredEvent]:
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor() as cur:
         cur.execute(_query(name, schema), params)
         return [StoredEvent.from_row(row) for row in cur.fetchall()]

@@ -25,6 +25,7 @@ from estafeta._events import (
     UnknownEventType,
     UnknownSchemaVersion,
 )
+from sql.queries import query
 
 from .event_types import DEFAULT_CURRENCY, OrderConfirmed, OrderCreated, PaymentReceived, registry
 from .support import EventSchema
@@ -268,3 +269,17 @@ def test_an_event_that_cannot_be_read_names_its_position_and_reason(
     message = str(caught.value)
     assert f"event at position {position} (stream order-1 version 1)" in message
     assert reason in message
+
+
+def test_the_gap_safe_read_walks_its_index_in_order_without_sorting(
+    event_schema: EventSchema, conn: psycopg.Connection[Any]
+) -> None:
+    """A catch-up that sorted everything after its checkpoint would cost more per batch as the log grows."""
+    store = EventStore(event_schema.schema, registry)
+    for n in range(50):
+        store.append(conn, f"order-{n}", [created(str(n))])
+    conn.execute(sql.SQL("ANALYZE {}.events").format(sql.Identifier(store.schema)))
+    params = {"after_tx_id": 0, "after_position": 10, "limit": 5, "all_types": True, "types": []}
+    explain = sql.SQL("EXPLAIN ") + query("read_safe", store.schema, "events.sql")
+    plan = "\n".join(row[0] for row in conn.execute(explain, params))
+    assert "Index Scan using events_tx_position" in plan and "Sort" not in plan, plan
