@@ -35,9 +35,11 @@ typecheck: $(STAMP)
 
 ## Benchmarks: each prints its figures beside the baselines measured in the same run.
 bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,embedded,bench]'
 	$(BIN)/python -m bench.relay
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks
+	$(BIN)/python -m bench.events
 
 clean:
 	rm -rf $(VENV) .estafeta build *.egg-info
