@@ -136,11 +136,25 @@ def fill_log(dsn: str, events: int) -> None:
         conn.commit()
 
 
+def wait_until_final(conn: psycopg.Connection[Any], schema: str, timeout: float = 300) -> None:
+    """Wait until no event of ``schema`` is held back by a transaction still running on the server.
+
+    Transaction ids are server-wide: on a shared server, someone else's open transaction
+    delays the whole log; the timed reads start once it is all readable.
+    """
+    deadline = time.monotonic() + timeout
+    while event_store.held_back(conn, schema, after=(0, 0)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"events of {schema} still held back after {timeout} s by an open transaction")
+        time.sleep(0.05)
+
+
 def catch_up(dsn: str, events: int) -> dict[str, float]:
     """Events per second reading LOG from the start, decoded and raw."""
     store = EventStore(LOG, registry)
     found = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_until_final(conn, LOG)
         for name, decode in (("decoded", True), ("raw", False)):
             began, after, read = time.perf_counter(), (0, 0), 0
             while True:
@@ -161,6 +175,7 @@ def projections(dsn: str, events: int) -> dict[str, float]:
     store = EventStore(LOG, registry)
     found = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_until_final(conn, LOG)
         for projection in (CartLinesBatch(), CartLines()):
             projector = Projector(projection, store, batch_size=1000)
             projector.create_tables(conn)

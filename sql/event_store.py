@@ -138,8 +138,8 @@ def append(
         "event_ids": [e.event_id for e in events],
         "types": [e.type for e in events],
         "schema_versions": [e.schema_version for e in events],
-        "data": [Jsonb(e.data) for e in events],
-        "metadata": [Jsonb(e.metadata) for e in events],
+        "data": Jsonb([e.data for e in events]),
+        "metadata": Jsonb([e.metadata for e in events]),
     }
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(statement, params).fetchall()

@@ -27,10 +27,11 @@ RETURNING version - %(count)s AS base
 -- The stream CTE runs (and takes the transaction id) before any row is inserted, so every
 -- position is drawn after its transaction id: the high-water mark depends on that order.
 INSERT INTO {schema}.events (stream_id, version, event_id, type, schema_version, data, metadata)
+-- The data and metadata come as two JSON arrays (one document each: cheaper to send than jsonb[]).
 SELECT %(stream_id)s, stream.base + e.n, e.event_id, e.type, e.schema_version, e.data, e.metadata
   FROM stream,
-       unnest(%(event_ids)s::uuid[], %(types)s::text[], %(schema_versions)s::int[],
-              %(data)s::jsonb[], %(metadata)s::jsonb[])
+       ROWS FROM (unnest(%(event_ids)s::uuid[]), unnest(%(types)s::text[]), unnest(%(schema_versions)s::int[]),
+                  jsonb_array_elements(%(data)s::jsonb), jsonb_array_elements(%(metadata)s::jsonb))
        WITH ORDINALITY AS e (event_id, type, schema_version, data, metadata, n)
  ORDER BY e.n
 RETURNING position, version, tx_id::text::bigint AS tx_id, recorded_at

@@ -33,6 +33,12 @@ def event_schema(event_database: str) -> Iterator[EventSchema]:
         migrate_events(conn, schema)
     yield EventSchema(event_database, schema)
     with psycopg.connect(event_database, autocommit=True) as conn:
+        # A failed test may have left a connection in an open transaction: end it, or the
+        # DROP would wait for it (the database is this run's own, and its tests run one by one).
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
