@@ -52,7 +52,7 @@ TARGETS = {
 class Cart(Aggregate):
     """A cart whose lines are events (snapshots every 100 events)."""
 
-    snapshot_every = 100
+    snapshot_every: ClassVar[int | None] = 100
     items: int = 0
 
     @applies(ItemAdded)

@@ -56,11 +56,11 @@ def aggregate_load(dsn: str, schema: str, events: int, loads: int) -> tuple[floa
     from eventsourcing.application import Application
     from eventsourcing.domain import Aggregate, event
 
-    class Cart(Aggregate):  # type: ignore[misc]
+    class Cart(Aggregate):
         def __init__(self) -> None:
             self.items = 0
 
-        @event("ItemAdded")  # type: ignore[misc]
+        @event("ItemAdded")
         def add_item(self, sku: str, quantity: int) -> None:
             self.items += quantity
 
@@ -77,7 +77,7 @@ def aggregate_load(dsn: str, schema: str, events: int, loads: int) -> tuple[floa
     }
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-    app = Application(env=env)
+    app: Application[Any] = Application(env=env)
     cart = Cart()
     for start in range(0, events, 100):
         for _ in range(min(100, events - start)):
@@ -85,7 +85,8 @@ def aggregate_load(dsn: str, schema: str, events: int, loads: int) -> tuple[floa
         app.save(cart)
     app.take_snapshot(cart.id)
     with_snapshots = _p50(lambda: app.repository.get(cart.id), loads)
-    replaying = Application(env={**env, "IS_SNAPSHOTTING_ENABLED": "no"})  # same tables, no snapshot store
+    # The same tables, without a snapshot store: every load replays.
+    replaying: Application[Any] = Application(env={**env, "IS_SNAPSHOTTING_ENABLED": "no"})
     without = _p50(lambda: replaying.repository.get(cart.id), max(3, loads // 20))
     app.close()
     replaying.close()
