@@ -35,7 +35,7 @@ typecheck: $(STAMP)
 
 ## Benchmarks: each prints its figures beside the baselines measured in the same run.
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,embedded,bench]'
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench.relay
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks

@@ -25,8 +25,8 @@ import psycopg
 from sql import event_store
 from sql.errors import EstafetaError
 
-from ._event_types import converter
 from ._events import NO_STREAM, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
+from ._messages import converter
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Event types: names, schema versions, upcasters, and the JSON form of events.
 
-Events are attrs classes carried as JSON by cattrs, like commands: UUIDs and Decimals as
-strings, datetimes and dates in ISO 8601. Every stored event carries its type's name and
+Events are attrs classes carried as JSON by the converter of commands (``_messages``): UUIDs
+and Decimals as strings, datetimes in ISO 8601. Every stored event carries its type's name and
 the schema version it was written in; readers see only the current version, because
 upcasters (``v1 -> v2 -> v3``) rewrite older data on read. :meth:`EventRegistry.check`
 refuses, at start-up, a chain with a gap.
@@ -9,9 +9,6 @@ refuses, at start-up, a chain with a gap.
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,20 +17,12 @@ import cattrs
 
 from sql.errors import EstafetaError
 
+from ._messages import converter
+
 T = TypeVar("T")
 
 #: Rewrites the data of one schema version into the next one's.
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-
-converter = cattrs.Converter(forbid_extra_keys=False)
-converter.register_unstructure_hook(uuid.UUID, str)
-converter.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(str(value)))
-converter.register_unstructure_hook(decimal.Decimal, str)
-converter.register_structure_hook(decimal.Decimal, lambda value, _: decimal.Decimal(str(value)))
-converter.register_unstructure_hook(dt.datetime, lambda value: value.isoformat())
-converter.register_structure_hook(dt.datetime, lambda value, _: dt.datetime.fromisoformat(value))
-converter.register_unstructure_hook(dt.date, lambda value: value.isoformat())
-converter.register_structure_hook(dt.date, lambda value, _: dt.date.fromisoformat(value))
 
 
 class EventRegistryError(EstafetaError):
