@@ -45,9 +45,9 @@ def cli(ctx: click.Context, verbose: int, app_spec: str) -> None:
 
 
 def _register() -> None:
-    from . import demo, migrate, orders, outbox, ping, relay, sagas, seed
+    from . import demo, migrate, orders, outbox, ping, projections, relay, sagas, seed
 
-    for module in (migrate, outbox, ping, relay, seed, orders, sagas, demo):
+    for module in (migrate, outbox, ping, relay, seed, orders, sagas, projections, demo):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -26,10 +26,12 @@ from sql.pool import Database
 
 from . import _metrics as metrics
 from . import _outbox as outbox
-from ._errors import BusinessFailure, InvalidMessage
+from ._errors import BusinessFailure, InvalidMessage, RoutingError
+from ._events import EventMetadata, EventStore
 from ._locks import HeldLock
 from ._messages import from_json, to_json
 from ._runtime import Runtime
+from ._step_events import StepEvents
 from ._step_spec import Router, StepSpec
 
 logger = logging.getLogger(__name__)
@@ -73,11 +75,29 @@ class StepContext:
     router: Router
     #: The lock held for the step's key, if it declared one.
     lock: HeldLock | None = None
+    #: The service's event store, if it has one (``Service.use_events``).
+    event_store: EventStore | None = None
 
     @property
     def fencing_token(self) -> int | None:
         """The fencing token of the step's lock (Redis locks), to store with guarded writes."""
         return self.lock.token if self.lock else None
+
+    @property
+    def events(self) -> StepEvents:
+        """The service's event store in this step's transaction: append, load and save aggregates.
+
+        Events carry the message being processed (causation), the saga (correlation) and the
+        trace. A :class:`ConcurrencyConflict` rolls the step back and Dramatiq retries it.
+        """
+        if self.event_store is None:
+            raise RoutingError(f"service {self.service} has no event store: call {self.service}.use_events(registry)")
+        metadata = EventMetadata(
+            causation_id=str(self.message_id),
+            correlation_id=str(self.saga_id) if self.saga_id else None,
+            traceparent=self.options.get("traceparent"),
+        )
+        return StepEvents(self.conn, self.event_store, metadata)
 
     def send(self, command: Any, **kwargs: Any) -> uuid.UUID:
         """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
@@ -225,6 +245,7 @@ def _run(
             payload=payload,
             router=spec.router,
             lock=held,
+            event_store=getattr(spec.owner, "event_store", None),
         )
         try:
             # A savepoint: a business failure undoes the step's own work, not the inbox record.
