@@ -267,6 +267,7 @@ class App:
         runtime: Runtime | None = None,
         *,
         watchdog: bool = True,
+        projectors: bool = True,
     ) -> Binding:
         """Declare every step of the app as a Dramatiq actor on ``broker``, run with ``runtime``.
 
@@ -278,15 +279,16 @@ class App:
 
         Either way the broker becomes Dramatiq's global broker, carries the middleware
         steps need (and, for an app with sagas, the saga watchdog that runs in each worker
-        process), and ``dramatiq`` workers consume one queue per service.
+        process; for an app with projections, its projectors, one active per projection
+        across all processes), and ``dramatiq`` workers consume one queue per service.
         """
         from ._binding import bind_app, bind_from_env
 
         if broker is None and runtime is None:
             if self._env_binding is None:
-                self._env_binding = bind_from_env(self, watchdog=watchdog)
+                self._env_binding = bind_from_env(self, watchdog=watchdog, projectors=projectors)
             return self._env_binding
-        return bind_app(self, broker, runtime, watchdog=watchdog)
+        return bind_app(self, broker, runtime, watchdog=watchdog, projectors=projectors)
 
     def migrate(self, runtime: Runtime, *, check: bool = False) -> dict[str, list[str]]:
         """Apply (or, with ``check``, only list) the pending migrations of every service, by service."""

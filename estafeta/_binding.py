@@ -14,6 +14,8 @@ from brokers import broker_from_url
 
 from ._errors import SettingsError
 from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, has_middleware
+from ._projections import Projector
+from ._projector_run import ProjectorsMiddleware
 from ._runtime import Runtime
 from ._settings import Settings
 from ._steps import declare_actors
@@ -41,7 +43,9 @@ class Binding:
         return self.runtime.settings
 
 
-def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, *, watchdog: bool) -> Binding:
+def bind_app(
+    app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, *, watchdog: bool, projectors: bool = True
+) -> Binding:
     """Declare ``app``'s steps on ``broker`` (built from the runtime's settings if ``None``)."""
     runtime = runtime or Runtime(Settings.from_env())
     if broker is None:
@@ -54,7 +58,21 @@ def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, 
     actors = declare_actors(broker, runtime, app.steps.values())
     if watchdog and app.sagas:
         _watch(broker, runtime, app)
+    if projectors:
+        _project(broker, runtime, app)
     return Binding(app, broker, runtime, actors)
+
+
+def _project(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+    # Every worker process runs the app's projectors (one applies each projection, the others stand by).
+    found = [
+        Projector(projection, service.event_store)
+        for service in app.services
+        if service.event_store is not None
+        for projection in service.projections
+    ]
+    if found and not has_middleware(broker, ProjectorsMiddleware):
+        broker.add_middleware(ProjectorsMiddleware(runtime, found))
 
 
 def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
@@ -66,11 +84,11 @@ def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     existing.sagas.extend(saga for saga in app.sagas if saga not in existing.sagas)
 
 
-def bind_from_env(app: App, *, watchdog: bool) -> Binding:
+def bind_from_env(app: App, *, watchdog: bool, projectors: bool = True) -> Binding:
     """``bind_app`` with the ``ESTAFETA_*`` settings; a bad one ends the process with one line, exit code 2."""
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
         print(f"estafeta: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return bind_app(app, None, Runtime(settings), watchdog=watchdog)
+    return bind_app(app, None, Runtime(settings), watchdog=watchdog, projectors=projectors)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dramatiq
 import psycopg
 from psycopg import sql
 
@@ -23,6 +24,7 @@ from sql import event_store
 
 from . import _projection_ops as ops
 from ._projections import BatchResult, Projector
+from ._runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,36 @@ HELD_BACK_MAX_RECHECK = 0.1
 METRICS_INTERVAL = 1.0
 
 BatchHook = Callable[[Projector, BatchResult], None]
+
+
+class ProjectorsMiddleware(dramatiq.Middleware):
+    """Runs an app's projectors in each worker process, from boot to shutdown (as the saga watchdog runs).
+
+    Every process tries every projection; the advisory lock lets one of them apply it and
+    keeps the others as standbys, so restarting the workers is all a projection needs.
+    """
+
+    def __init__(self, runtime: Runtime, projectors: Sequence[Projector]) -> None:
+        self.runtime = runtime
+        self.projectors = list(projectors)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        self._stop.clear()
+        by_dsn: dict[str, list[Projector]] = {}
+        for projector in self.projectors:
+            by_dsn.setdefault(self.runtime.dsn_for(projector.schema), []).append(projector)
+        for dsn, projectors in by_dsn.items():
+            thread = threading.Thread(target=run_projectors, args=(dsn, projectors, self._stop), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads = []
 
 
 class WakeListener(threading.Thread):
@@ -138,9 +170,10 @@ def run_projector(
             with psycopg.connect(
                 dsn, autocommit=True, application_name=f"estafeta-projector:{projector.checkpoint_name}"
             ) as conn:
-                if not _take_lock(conn, projector.lock_key):
-                    stop.wait(poll_interval)
-                    continue
+                # A standby keeps its connection and asks again every poll interval.
+                while not _take_lock(conn, projector.lock_key):
+                    if stop.wait(poll_interval):
+                        return "stopped"
                 projector.create_tables(conn)
                 outage = 0.0
                 return _tail(conn, projector, stop, wake, poll_interval, on_batch)

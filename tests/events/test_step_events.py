@@ -61,6 +61,8 @@ def test_a_step_appends_its_events_with_its_inbox_row_and_outbox_rows(runtime: R
         # bob's refused deposit appended nothing and sent nothing: its events went with the step's work.
         assert scalar(conn, "SELECT count(*) FROM ledger.streams WHERE stream_id = 'account-bob'") == 0
         assert scalar(conn, "SELECT count(*) FROM ledger.inbox WHERE consumer = 'ledger.noted'") == 1
+        # The worker runs the app's projectors too (as it runs the saga watchdog).
+        wait_until(lambda: _balances(runtime.dsn_for("ledger")) == {"account-ann": 30}, timeout=60, what="Balances")
 
 
 def test_two_deposits_racing_on_one_account_conflict_and_dramatiq_retries_one(runtime: Runtime) -> None:
@@ -93,7 +95,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.integration
 def test_the_projection_and_event_commands(dsn: str, runtime: Runtime) -> None:
     env = service_env(dsn, "stub://")
-    binding = app.bind(StubBroker(), runtime)
+    binding = app.bind(StubBroker(), runtime, projectors=False)  # `projections run` below does the projecting
     with running(binding), runtime.database("ledger").connection() as conn:
         deposit(runtime, Deposit("ann", 30), Deposit("bob", 7))
         wait_until(lambda: scalar(conn, "SELECT count(*) FROM ledger.inbox WHERE consumer = 'ledger.noted'") == 2)
