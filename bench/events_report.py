@@ -87,7 +87,7 @@ def report(found: dict[str, Any], machine: dict[str, Any], targets: dict[str, fl
         _line(
             f"at a steady 500 events/s ({lag['events']:.0f} events)",
             f"{lag['p50']:.1f} / {lag['p99']:.1f} / {lag['max']:.0f}",
-            "",
+            f"longest other writer on the server: {lag['other_writer_max_s']:.2f}s",
             _ok(lag["p99"] <= targets["lag_p99_ms"]),
         )
     )

@@ -49,14 +49,40 @@ def test_a_rebuild_while_writers_run_switches_over_without_a_gap(
         for _ in range(1000):
             store.append(conn, f"acct-{rng.randrange(40)}", [Deposited(rng.randint(1, 9)) for _ in range(5)])
     Projector(Totals(), store).create_tables(conn)
-    stop = threading.Event()
+    stop_live, stop = threading.Event(), threading.Event()
     live = threading.Thread(
-        target=run_projector, args=(dsn, Projector(Totals(), store), stop), kwargs={"poll_interval": 0.05}
+        target=run_projector, args=(dsn, Projector(Totals(), store), stop_live), kwargs={"poll_interval": 0.05}
     )
     live.start()
-    wait_until(lambda: totals_of(conn, schema, "totals") == truth(conn, schema), timeout=90, what="the live projection")
+    try:
+        wait_until(lambda: totals_of(conn, schema, "totals") == truth(conn, schema), timeout=90, what="the live one")
+        result, answers, problems, progress = _rebuild_under_load(dsn, store, stop, rng)
+        assert problems == [], "the live projection kept answering during the rebuild and the switch-over"
+        assert answers and answers == sorted(answers), "readers never saw the read model go back"
+        assert result.events_applied >= 5000 and progress[-1][0] >= 5000 and len(progress) >= 10
+        assert "release" in columns(conn, schema, "totals"), "the rebuilt tables are live"
+        assert columns(conn, schema, "totals__rebuild") == []
+        indexes = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,)).fetchall()
+        assert ("totals_pkey",) in indexes and not [i for (i,) in indexes if "__rebuild" in i]
+        # The same live projector carries on from the copy's checkpoint, on the new tables.
+        with psycopg.connect(dsn, autocommit=True) as writer:
+            store.append(writer, "acct-new", [Deposited(5)])
+        wait_until(lambda: totals_of(conn, schema, "totals") == truth(conn, schema), timeout=90, what="the switch")
+        assert [s.name for s in projection_status(conn, schema)] == ["totals"]
+    finally:
+        stop.set()
+        stop_live.set()
+        live.join(timeout=30)
+
+
+def _rebuild_under_load(
+    dsn: str, store: EventStore, stop: threading.Event, rng: random.Random
+) -> tuple[Any, list[int], list[str], list[tuple[int, int]]]:
+    """Rebuild while one thread appends and another reads the live table; stop both after the switch."""
     answers: list[int] = []
     problems: list[str] = []
+    progress: list[tuple[int, int]] = []
+    table = sql.SQL("SELECT sum(events) FROM {}").format(sql.Identifier(store.schema, "totals"))
 
     def write() -> None:
         with psycopg.connect(dsn, autocommit=True) as writer:
@@ -67,49 +93,24 @@ def test_a_rebuild_while_writers_run_switches_over_without_a_gap(
         with psycopg.connect(dsn, autocommit=True) as reader:
             while not stop.is_set():
                 try:
-                    row = reader.execute(
-                        sql.SQL("SELECT sum(events) FROM {}").format(sql.Identifier(schema, "totals"))
-                    ).fetchone()
+                    row = reader.execute(table).fetchone()
                     answers.append(int(row[0]) if row and row[0] is not None else 0)
                 except psycopg.Error as exc:
                     problems.append(str(exc))
 
+    def note(done: int, total: int) -> None:
+        progress.append((done, total))
+
     helpers = [threading.Thread(target=write), threading.Thread(target=read)]
     for thread in helpers:
         thread.start()
-    progress: list[tuple[int, int]] = []
     try:
-        result = rebuild(
-            dsn, TotalsV2(), store, batch_size=500, progress=lambda done, total: progress.append((done, total))
-        )
+        result = rebuild(dsn, TotalsV2(), store, batch_size=500, progress=note)
     finally:
         stop.set()
         for thread in helpers:
             thread.join(timeout=30)
-    assert problems == [], "the live projection kept answering during the rebuild and the switch-over"
-    assert answers and answers == sorted(answers), "readers never saw the read model go back"
-    assert result.events_applied >= 5000 and progress[-1][0] >= 5000 and len(progress) >= 10
-    assert "release" in columns(conn, schema, "totals"), "the rebuilt tables are live"
-    assert columns(conn, schema, "totals__rebuild") == []
-    indexes = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,)).fetchall()
-    assert ("totals_pkey",) in indexes and not [i for (i,) in indexes if "__rebuild" in i]
-    # The live projector carries on from the copy's checkpoint, on the new tables.
-    stop.clear()
-    live_after = threading.Thread(
-        target=run_projector, args=(dsn, Projector(Totals(), store), stop), kwargs={"poll_interval": 0.05}
-    )
-    live.join(timeout=30)
-    live_after.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as writer:
-            store.append(writer, "acct-new", [Deposited(5)])
-        wait_until(
-            lambda: totals_of(conn, schema, "totals") == truth(conn, schema), timeout=90, what="the switched projection"
-        )
-        assert [s.name for s in projection_status(conn, schema)] == ["totals"]
-    finally:
-        stop.set()
-        live_after.join(timeout=30)
+    return result, answers, problems, progress
 
 
 def test_a_second_rebuild_of_the_same_projection_is_refused(
