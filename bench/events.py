@@ -111,19 +111,22 @@ def prepare(dsn: str) -> None:
     baselines.create_recorder_tables(dsn, "es_recorder")
 
 
-def appends(dsn: str, seconds: float) -> dict[str, float]:
-    """Events per second of both stores at 1, 4 and 8 writers, single events and batches of 50."""
+def appends(dsn: str, seconds: float, rounds: int) -> dict[str, float]:
+    """Events per second of both stores at 1, 4 and 8 writers, single events and batches of 50.
+
+    Each figure is the median of ``rounds`` runs, the two stores taking turns, so that a
+    burst of load from elsewhere on the machine hits both.
+    """
     es = baselines.settings_for(dsn, "es_recorder")
-    found = {}
-    for batch in (1, 50):
-        for writers in (1, 4, 8):
-            found[f"estafeta/{batch}/{writers}"] = timed_writers(
-                estafeta_writer, (dsn, SCHEMA, batch, seconds), writers
-            )
-            found[f"eventsourcing/{batch}/{writers}"] = timed_writers(
-                eventsourcing_writer, (es, batch, seconds), writers
-            )
-    return found
+    samples: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for batch in (1, 50):
+            for writers in (1, 4, 8):
+                ours = timed_writers(estafeta_writer, (dsn, SCHEMA, batch, seconds), writers)
+                theirs = timed_writers(eventsourcing_writer, (es, batch, seconds), writers)
+                samples.setdefault(f"estafeta/{batch}/{writers}", []).append(ours)
+                samples.setdefault(f"eventsourcing/{batch}/{writers}", []).append(theirs)
+    return {key: statistics.median(values) for key, values in samples.items()}
 
 
 def fill_log(dsn: str, events: int) -> None:
@@ -235,7 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with scratch_database(args.dsn, prepare) as dsn, psycopg.connect(dsn) as conn:
         version = conn.execute("SELECT version()").fetchone()
         found: dict[str, Any] = {"postgres": str(version[0] if version else "").split(" on ")[0]}
-        found["append"] = appends(dsn, args.seconds)
+        found["append"] = appends(dsn, args.seconds, args.rounds)
         fill_log(dsn, args.events)
         found["catch_up"] = catch_up(dsn, args.events)
         found["projection"] = projections(dsn, args.events)
@@ -258,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the options, measure, print the figures beside their baselines and targets."""
     parser = argparse.ArgumentParser(prog="python -m bench.events", description=__doc__.split("\n")[0])
     parser.add_argument("--dsn", default=_default_dsn(), help="a DSN of the server (libpq environment by default)")
-    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per append figure")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per append run")
+    parser.add_argument("--rounds", type=int, default=3, help="append runs per figure (the median is shown)")
     parser.add_argument("--events", type=int, default=100_000, help="events read and projected")
     parser.add_argument("--loads", type=int, default=100, help="aggregate loads with snapshots")
     parser.add_argument("--rate", type=float, default=500.0, help="events/s of the lag measurement")
