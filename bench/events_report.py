@@ -8,7 +8,7 @@ from .common import describe
 
 
 def _line(label: str, figure: str, note: str = "", verdict: str = "") -> str:
-    return f"  {label:<44}{figure:>14}  {note:<46}{verdict}"
+    return f"  {label:<44}{figure:>14}  {note:<46}{verdict}".rstrip()
 
 
 def _ok(passed: bool) -> str:
