@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,http]'
 	touch $(STAMP)
 
 ## The main job: the order system end to end on an embedded PostgreSQL and the StubBroker.
@@ -40,6 +40,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks
 	$(BIN)/python -m bench.events
+	$(BIN)/python -m bench.observe
+	$(BIN)/python -m bench.http
 
 clean:
 	rm -rf $(VENV) .estafeta build *.egg-info

@@ -101,11 +101,13 @@ def place_order(
     amount_cents: int,
     idempotency_key: str | None = None,
     step_timeout: float = 30.0,
+    traceparent: str | None = None,
 ) -> PlacedOrder:
     """Place an order in the caller's transaction: the order row, its saga row and the first command.
 
     The same ``idempotency_key`` twice places one order (the second call returns the
     first order); used for a different order it raises :class:`IdempotencyConflict`.
+    A W3C ``traceparent`` (an HTTP request's) makes the saga's messages part of its trace.
     """
     if quantity <= 0 or amount_cents <= 0:
         raise ValueError("quantity and amount must be positive")
@@ -121,7 +123,8 @@ def place_order(
         idempotency_key=idempotency_key,
     )
     if inserted:
-        return PlacedOrder(order_id, ORDER_SAGA.start(conn, data, step_timeout=step_timeout), True)
+        saga_id = ORDER_SAGA.start(conn, data, step_timeout=step_timeout, traceparent=traceparent)
+        return PlacedOrder(order_id, saga_id, True)
     existing = orders.order_by_key(conn, idempotency_key) if idempotency_key else None
     if existing is None or attrs.astuple(data) != (
         existing.order_id,

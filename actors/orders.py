@@ -14,11 +14,16 @@ import attrs
 import psycopg
 from psycopg.rows import dict_row
 
-from estafeta import BusinessFailure, Service, StepContext
+from estafeta import BusinessFailure, Idempotency, Service, StepContext
 
 from .migrations import MIGRATIONS
 
 SERVICE = Service("orders", migrations=MIGRATIONS / "orders")
+#: ``POST /orders`` (:mod:`actors.http`) keeps its Idempotency-Key records in
+#: ``orders.idempotency_keys``, in the transaction that places the order and starts its saga.
+#: Declared here, where ``estafeta migrate`` sees it without the http extra; the server
+#: declares its own with the TTL it was given (the same table).
+IDEMPOTENCY = Idempotency(SERVICE)
 
 #: Statuses of an order.
 STATUSES = ("pending", "confirmed", "cancelled")

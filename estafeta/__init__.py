@@ -29,8 +29,18 @@ from ._binding import Binding
 from ._errors import BusinessFailure, InvalidMessage, RoutingError, SettingsError
 from ._event_types import EventDecodeError, EventRegistry, EventRegistryError
 from ._events import ANY, NO_STREAM, ConcurrencyConflict, EventMetadata, EventStore, RecordedEvent, StreamAppend
+from ._idempotency import (
+    Idempotency,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    IdempotentRequest,
+    parse_idempotency_key,
+)
 from ._messages import from_json, to_json
 from ._outbox import Address
+from ._problem import PROBLEM_JSON, HttpResponse, Problem
 from ._projections import OnBadEvent, Projection, ProjectionContext, Projector, handles
 from ._projector_run import run_projectors
 from ._redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
@@ -50,6 +60,7 @@ __version__ = "0.2.0"
 __all__ = [
     "ANY",
     "NO_STREAM",
+    "PROBLEM_JSON",
     "Address",
     "Aggregate",
     "App",
@@ -64,12 +75,20 @@ __all__ = [
     "EventRegistry",
     "EventRegistryError",
     "EventStore",
+    "HttpResponse",
+    "Idempotency",
+    "IdempotencyKeyInFlight",
+    "IdempotencyKeyInvalid",
+    "IdempotencyKeyMissing",
+    "IdempotencyKeyReused",
+    "IdempotentRequest",
     "InvalidMessage",
     "LockLost",
     "LockNotAcquired",
     "LockServerUnavailable",
     "OnBadEvent",
     "Outcome",
+    "Problem",
     "Projection",
     "ProjectionContext",
     "Projector",
@@ -101,6 +120,7 @@ __all__ = [
     "from_json",
     "handles",
     "load_app",
+    "parse_idempotency_key",
     "redis_lock",
     "run_projectors",
     "running",

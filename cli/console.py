@@ -1,0 +1,170 @@
+"""The operator console (``/console``): what waits, what failed and which sagas are stuck, from PostgreSQL.
+
+Server-rendered pages (no script, no build step) about any app: each service's outbox
+backlog and its oldest wait, failed outbox rows, dead letters grouped by cause, sagas by
+status, stuck and failed sagas, and one saga's timeline. Everything is read from the
+services' databases, so the console shows the same on RabbitMQ, Redis or any broker.
+
+It is read-only unless ``estafeta serve --allow-actions``: then it can put failed outbox
+rows back in line and resume or abort a saga, through the same calls as ``estafeta
+outbox retry``, ``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
+forms carrying a token of this process (a page elsewhere cannot forge them), and pages
+forbid framing and scripts.
+"""
+
+from __future__ import annotations
+
+import secrets
+import urllib.parse
+import uuid
+from typing import Annotated, Any
+
+import jinja2
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from estafeta import App, Runtime, SagaError, SagaNotFound
+from sql import outbox
+
+from . import console_data
+
+#: Headers of every console page: no framing (clickjacking of the actions), no scripts at all.
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+_FORGED = "this form is stale or was not sent by this console: reload the page and try again"
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """The fields of an ``application/x-www-form-urlencoded`` body (the last value of each)."""
+    body = (await request.body()).decode("utf-8", errors="replace")
+    return {name: values[-1] for name, values in urllib.parse.parse_qs(body).items()}
+
+
+Form = Annotated[dict[str, str], Depends(form_fields)]
+
+
+class Console:
+    """The console's routes for ``app``, reading through ``runtime``'s pools."""
+
+    def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False) -> None:
+        self.app = app
+        self.runtime = runtime
+        self.allow_actions = allow_actions
+        # Forms carry it; a POST without it is refused (cross-site request forgery).
+        self.token = secrets.token_urlsafe(32)
+        self.pages = jinja2.Environment(
+            loader=jinja2.PackageLoader("cli", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+        )
+        self.pages.filters["age"] = console_data.age
+        #: The routes, for ``FastAPI.include_router``.
+        self.router = APIRouter(prefix="/console")
+        self.router.add_api_route("", self.overview, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/saga", self.find_saga, methods=["GET"])
+        self.router.add_api_route("/sagas/{saga_id}", self.saga_page, methods=["GET"], response_class=HTMLResponse)
+        if allow_actions:
+            self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
+            self.router.add_api_route("/sagas/{saga_id}/resume", self.resume_saga, methods=["POST"])
+            self.router.add_api_route("/sagas/{saga_id}/abort", self.abort_saga, methods=["POST"])
+
+    # -- pages ---------------------------------------------------------------------------
+
+    def overview(self, notice: str | None = None) -> HTMLResponse:
+        """Outboxes, failed rows, dead letters by cause, sagas by status, stuck and failed sagas."""
+        return self._page("console.html", overview=console_data.read_overview(self.app, self.runtime), notice=notice)
+
+    def find_saga(self, saga_id: str = "") -> Response:
+        """The saga page of the id typed into the search box."""
+        return RedirectResponse(f"/console/sagas/{urllib.parse.quote(saga_id.strip(), safe='')}", status_code=303)
+
+    def saga_page(self, saga_id: str, notice: str | None = None) -> HTMLResponse:
+        """One saga: its state, its timeline, and (with actions allowed) resume and abort."""
+        found = self._find(saga_id)
+        if found is None:
+            return self._page("console_missing.html", reason=f"no saga {saga_id}", status=404)
+        return self._page("console_saga.html", saga=found, notice=notice)
+
+    def _find(self, saga_id: str) -> console_data.SagaPage | None:
+        parsed = _uuid(saga_id)
+        return console_data.read_saga(self.app, self.runtime, parsed) if parsed else None
+
+    def _page(self, template: str, *, status: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("notice", None)
+        html = self.pages.get_template(template).render(
+            app=self.app, allow_actions=self.allow_actions, token=self.token, **context
+        )
+        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+    # -- actions (only routed with --allow-actions) ---------------------------------------
+
+    def retry_rows(self, form: Form) -> Response:
+        """Put one failed outbox row (``service`` and ``row_id``) or all of them back to pending, as the CLI does."""
+        if self._forged(form):
+            return self._refuse(_FORGED, status=403)
+        names = [form["service"]] if form.get("service") else self.app.service_names
+        if any(name not in self.app.service_names for name in names):
+            return self._refuse(f"no service {form['service']!r}")
+        if form.get("row_id", "").strip() and not form["row_id"].strip().isdigit():
+            return self._refuse(f"row {form['row_id']!r} is not an outbox row id")
+        row_id = int(form["row_id"]) if form.get("row_id", "").strip() else None
+        total = 0
+        for name in names:
+            with self.runtime.database(name).connection() as conn:
+                total += len(outbox.retry_failed(conn, name, row_id))
+        return _back("/console", f"{total} outbox row(s) back to pending")
+
+    def resume_saga(self, saga_id: str, form: Form) -> Response:
+        """Resume the saga, as ``estafeta sagas resume`` does: its current step is sent again."""
+        if self._forged(form):
+            return self._refuse(_FORGED, status=403)
+        return self._move(saga_id, lambda saga, conn, sid: f"resumed: {saga.resume(conn, sid)}")
+
+    def abort_saga(self, saga_id: str, form: Form) -> Response:
+        """Compensate the saga, as ``estafeta sagas abort`` does, recording the operator's reason."""
+        if self._forged(form):
+            return self._refuse(_FORGED, status=403)
+        reason = form.get("reason", "").strip() or "by an operator (console)"
+
+        def abort(saga: Any, conn: Any, sid: uuid.UUID) -> str:
+            saga.abort(conn, sid, reason)
+            return "aborted: compensating"
+
+        return self._move(saga_id, abort)
+
+    def _move(self, saga_id: str, action: Any) -> Response:
+        found = self._find(saga_id)
+        if found is None:
+            return self._refuse(f"no saga {saga_id}", status=404)
+        try:
+            with self.runtime.database(found.saga.service).transaction() as conn:
+                done = action(found.saga, conn, found.row.saga_id)
+        except SagaNotFound as exc:
+            return self._refuse(str(exc), status=404)
+        except SagaError as exc:
+            done = f"refused: {exc}"
+        return _back(f"/console/sagas/{found.row.saga_id}", done)
+
+    def _forged(self, form: dict[str, str]) -> bool:
+        return not secrets.compare_digest(form.get("token", "").encode(), self.token.encode())
+
+    def _refuse(self, why: str, *, status: int = 400) -> HTMLResponse:
+        return self._page("console_missing.html", reason=why, status=status)
+
+
+def _back(path: str, notice: str) -> Response:
+    # POST, redirect, GET: reloading the page does not repeat the action.
+    return RedirectResponse(f"{path}?{urllib.parse.urlencode({'notice': notice})}", status_code=303)
+
+
+def _uuid(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None

@@ -1,0 +1,118 @@
+"""What the operator console shows, read from every service's database of an app."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import attrs
+
+from estafeta import App, Runtime, Saga
+from sql import console, outbox, sagas
+from sql.outbox import OutboxStats
+from sql.sagas import LogEntry, SagaRow
+
+#: Rows shown per list (the CLI pages further: ``estafeta outbox failed --limit``...).
+LIMIT = 50
+
+
+@attrs.frozen
+class SagaKind:
+    """One saga kind's counts by status."""
+
+    saga: Saga
+    counts: dict[str, int]
+
+
+@attrs.frozen
+class SagaLine:
+    """A saga in a list: its kind and its row."""
+
+    kind: str
+    row: SagaRow
+
+
+@attrs.frozen
+class Overview:
+    """The console's front page."""
+
+    #: Each service's outbox: (service, what waits in it).
+    outboxes: list[tuple[str, OutboxStats]]
+    #: Outbox rows out of publish attempts, each with its ``service``.
+    failed_rows: list[dict[str, Any]]
+    #: (service, dead letters of one consumer that failed the same way).
+    dead_letters: list[tuple[str, console.DeadLetterCause]]
+    sagas: list[SagaKind]
+    #: Live sagas past their deadline (nobody answered; the watchdog or an operator must act).
+    stuck: list[SagaLine]
+    #: Sagas an operator must look at (``last_error`` says why).
+    failed: list[SagaLine]
+
+
+@attrs.frozen
+class SagaPage:
+    """One saga, its kind and its timeline."""
+
+    saga: Saga
+    row: SagaRow
+    timeline: list[LogEntry]
+
+    @property
+    def can_abort(self) -> bool:
+        """Whether ``Saga.abort`` would accept it (running, or failed before compensating, before its pivot)."""
+        step = next((s for s in self.saga.steps if s.name == self.row.current_step), None)
+        retriable = step is not None and step.retriable
+        return self.row.status in ("running", "failed") and self.row.compensations is None and not retriable
+
+    @property
+    def can_resume(self) -> bool:
+        """Whether ``Saga.resume`` would accept it (live, or failed)."""
+        return self.row.live or self.row.status == "failed"
+
+
+def read_overview(app: App, runtime: Runtime) -> Overview:
+    """Everything the front page shows, one service database at a time."""
+    outboxes, failed_rows, dead_letters = [], [], []
+    for name in app.service_names:
+        with runtime.database(name).connection() as conn:
+            outboxes.append((name, outbox.stats(conn, name)))
+            failed_rows += [{"service": name, **row} for row in outbox.list_failed(conn, name, LIMIT)]
+            dead_letters += [(name, cause) for cause in console.dead_letters_by_cause(conn, name, LIMIT)]
+    kinds, stuck, failed = [], [], []
+    for saga in app.sagas:
+        with runtime.database(saga.service).connection() as conn:
+            kinds.append(SagaKind(saga, sagas.count_by_status(conn, saga.table)))
+            stuck += [
+                SagaLine(saga.name, r) for r in sagas.search(conn, saga.table, status=None, stuck=True, limit=LIMIT)
+            ]
+            failed += [
+                SagaLine(saga.name, r)
+                for r in sagas.search(conn, saga.table, status="failed", stuck=False, limit=LIMIT)
+            ]
+    dead_letters.sort(key=lambda pair: (-pair[1].count, pair[0]))
+    return Overview(outboxes, failed_rows, dead_letters, kinds, stuck, failed)
+
+
+def read_saga(app: App, runtime: Runtime, saga_id: uuid.UUID) -> SagaPage | None:
+    """The saga ``saga_id``, whichever kind of ``app`` it is."""
+    for saga in app.sagas:
+        with runtime.database(saga.service).connection() as conn:
+            row = saga.get(conn, saga_id)
+            if row is not None:
+                return SagaPage(saga, row, saga.timeline(conn, saga_id))
+    return None
+
+
+def age(value: datetime | float | None) -> str:
+    """How long ago ``value`` was (or a number of seconds), for people: ``4.2 s``, ``12 min``, ``3 h``."""
+    if value is None:
+        return "—"
+    seconds = value if isinstance(value, int | float) else (datetime.now(UTC) - value).total_seconds()
+    if abs(seconds) < 60:
+        return f"{seconds:.1f} s"
+    if abs(seconds) < 3600:
+        return f"{seconds / 60:.0f} min"
+    if abs(seconds) < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{timedelta(seconds=seconds).days} d"

@@ -1,0 +1,115 @@
+"""``estafeta serve``: the app's HTTP API, ``/health`` and the operator console, on uvicorn."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import click
+
+from .context import AppContext, current
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+#: What ``estafeta serve`` imports, and the extra that installs it.
+_NEEDS = ("fastapi", "uvicorn", "jinja2")
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Let the console retry failed outbox rows and resume or abort sagas (read-only without it).",
+)
+@click.option(
+    "--idempotency-ttl",
+    type=click.FloatRange(min=1),
+    default=86_400,
+    show_default=True,
+    help="Seconds an Idempotency-Key's record answers repeats of its request.",
+)
+@click.option(
+    "--client-header",
+    default="X-Client-Id",
+    show_default=True,
+    help="Request header naming the authenticated client (set by your gateway); keys are scoped per client.",
+)
+@click.option(
+    "--prune-interval",
+    type=click.FloatRange(min=0.1),
+    default=300,
+    show_default=True,
+    help="Seconds between passes deleting expired Idempotency-Key records, in batches.",
+)
+@click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log every request.")
+def serve_command(
+    host: str,
+    port: int,
+    allow_actions: bool,
+    idempotency_ttl: float,
+    client_header: str,
+    prune_interval: float,
+    access_log: bool,
+) -> None:
+    """Serve the app over HTTP until SIGTERM: its API (the order API for the order system), /health, /console.
+
+    POST /orders needs an Idempotency-Key header: the order, its saga, its first command
+    and the key's record commit in one transaction. The OpenAPI document is at
+    /openapi.json. The console at /console shows outboxes, dead letters and sagas; it
+    acts only with --allow-actions. Run several behind a load balancer for more.
+    """
+    missing = _missing()
+    if missing:
+        raise click.UsageError(f"needs {', '.join(missing)}: pip install 'estafeta[http]'")
+    import uvicorn
+
+    context = current()
+    _check_migrated(context)
+    web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval)
+    click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: /console)", err=True)
+    uvicorn.run(web, host=host, port=port, access_log=access_log, log_level="info", server_header=False)
+
+
+def build(
+    context: AppContext, allow_actions: bool, ttl: timedelta, client_header: str, prune_interval: float
+) -> FastAPI:
+    """The ASGI app: the order API when the app is the order system, /health and the console always."""
+    from .web import WebOptions, create_app
+
+    runtime = context.runtime
+    routers, pruners = [], []
+    if context.is_order_system:
+        from actors.http import ApiOptions, OrderApi
+
+        api = OrderApi(runtime, ApiOptions(idempotency_ttl=ttl, client_header=client_header))
+        routers.append(api.router)
+        pruners.append(lambda: api.keys.prune(runtime))
+    options = WebOptions(allow_actions=allow_actions, prune_interval=prune_interval)
+    return create_app(context.app, runtime, options, routers=routers, pruners=pruners)
+
+
+def _missing() -> list[str]:
+    missing = []
+    for name in _NEEDS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def _check_migrated(context: AppContext) -> None:
+    pending = {
+        name: names for name, names in context.runtime.migrate(context.app.services, check=True).items() if names
+    }
+    if pending:
+        raise click.ClickException(
+            f"the schemas of {', '.join(pending)} are not migrated: run `estafeta migrate` first"
+        )
+
+
+COMMANDS = [serve_command]

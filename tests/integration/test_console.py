@@ -1,0 +1,173 @@
+"""The operator console in a real headless Chromium (Debian's, through chromedriver), on ``estafeta serve``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from ..helpers import scalar, wait_until
+from ..http_server import Server, serving
+from ..services import require
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+#: Flags that work in a container as root, with no network beyond loopback.
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1000",
+]
+ORDER = {"customer_id": "c1", "sku": "s1", "quantity": 1, "amount_cents": 700}
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """A headless Chromium driven by chromedriver, with a fresh profile."""
+    require(
+        "Chromium",
+        CHROMIUM.exists() and CHROMEDRIVER.exists(),
+        "apt-get install -y chromium chromium-driver (.ci/run does)",
+    )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in [*FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def stuck_saga(server: Server, conn: psycopg.Connection[Any]) -> str:
+    """Place an order over HTTP and push its saga past its deadline (no worker runs: it stays stuck)."""
+    with server.client() as http:
+        placed = http.post("/orders", json=ORDER, headers={"Idempotency-Key": str(uuid.uuid4())})
+    saga_id = placed.json()["saga_id"]
+    conn.execute(
+        "UPDATE orders.saga_order SET deadline_at = now() - interval '2 minutes' WHERE saga_id = %s", (saga_id,)
+    )
+    return str(saga_id)
+
+
+def text(browser: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(browser.find_element(By.CSS_SELECTOR, css).text)
+
+
+def click(browser: Any, css: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.CSS_SELECTOR, css).click()
+
+
+def test_the_console_shows_a_stuck_saga_and_resumes_it_when_actions_are_allowed(
+    database_url: str, conn, browser: Any, tmp_path: Path
+) -> None:
+    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log") as server:
+        saga_id = stuck_saga(server, conn)
+        browser.get(f"{server.url}/console")
+        assert "estafeta console" in browser.title
+        assert saga_id in text(browser, "#stuck")
+        assert "charge_payment" in text(browser, f"#stuck #saga-{saga_id}")
+
+        click(browser, f"#stuck #saga-{saga_id} button[name=resume]")
+        wait_until(lambda: browser.current_url.startswith(f"{server.url}/console/sagas/{saga_id}"), what="saga page")
+        assert text(browser, "#notice") == "resumed: resent"
+        assert "resumed" in text(browser, "#timeline")
+
+        browser.get(f"{server.url}/console")
+        assert saga_id not in text(browser, "#stuck")
+    version, overdue = conn.execute(
+        "SELECT version, deadline_at <= now() FROM orders.saga_order WHERE saga_id = %s", (saga_id,)
+    ).fetchone()
+    assert (version, overdue) == (2, False)
+    assert scalar(conn, "SELECT count(*) FROM orders.outbox WHERE saga_id = %s", saga_id) == 2  # sent again
+
+
+def test_failed_rows_are_retried_and_a_saga_aborted_from_the_console(
+    database_url: str, conn, browser: Any, tmp_path: Path
+) -> None:
+    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log") as server:
+        saga_id = stuck_saga(server, conn)
+        conn.execute("UPDATE orders.outbox SET status = 'failed', attempts = 5, last_error = 'connection refused'")
+        browser.get(f"{server.url}/console")
+        assert "connection refused" in text(browser, "#failed-rows")
+        click(browser, "#failed-rows td button")
+        wait_until(lambda: "back to pending" in text(browser, "#notice"), what="the retry's notice")
+        assert text(browser, "#notice") == "1 outbox row(s) back to pending"
+        assert scalar(conn, "SELECT status FROM orders.outbox") == "pending"
+
+        browser.get(f"{server.url}/console/sagas/{saga_id}")
+        browser.find_element("css selector", "input[name=reason]").send_keys("customer called")
+        click(browser, "button[name=abort]")
+        wait_until(lambda: "aborted" in text(browser, "#notice"), what="the abort's notice")
+        assert text(browser, "#status") == "compensating"
+    assert scalar(conn, "SELECT last_error FROM orders.saga_order") == "aborted: customer called"
+
+
+def test_without_allow_actions_the_console_only_reads(database_url: str, conn, browser: Any, tmp_path: Path) -> None:
+    with serving(database_url, tmp_path, "--no-access-log") as server:
+        saga_id = stuck_saga(server, conn)
+        for n in (17, 18, 19):
+            conn.execute(
+                "INSERT INTO payments.dead_letters (consumer, message_id, message, reason) VALUES (%s, %s, '{}', %s)",
+                ("payments.charge_payment", str(uuid.uuid4()), f"not a valid ChargePayment: amount {n} <b>x</b>"),
+            )
+        browser.get(f"{server.url}/console")
+        assert saga_id in text(browser, "#stuck")
+        assert "read-only" in text(browser, "header")
+        assert browser.find_elements("css selector", "button[name=resume]") == []
+        causes = text(browser, "#dead-letters")
+        assert "payments.charge_payment 3 not a valid ChargePayment: amount <n> <b>x</b>" in causes  # escaped, grouped
+
+        browser.get(f"{server.url}/console/sagas/{saga_id}")
+        assert text(browser, "#status") == "running"
+        assert browser.find_elements("css selector", "form") != [] and "Resume" not in browser.page_source
+
+        refused = httpx.post(f"{server.url}/console/sagas/{saga_id}/resume", data={"token": "x"})
+        assert refused.status_code in (404, 405)
+    assert scalar(conn, "SELECT version FROM orders.saga_order") == 1
+
+
+def test_an_action_without_the_console_form_token_is_refused(database_url: str, conn, tmp_path: Path) -> None:
+    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log") as server:
+        saga_id = stuck_saga(server, conn)
+        forged = httpx.post(f"{server.url}/console/sagas/{saga_id}/resume", data={"token": "guessed"})
+        page = httpx.get(f"{server.url}/console")
+    assert forged.status_code == 403
+    assert (
+        page.headers["X-Frame-Options"] == "DENY"
+        and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    )
+    assert scalar(conn, "SELECT version FROM orders.saga_order") == 1
+
+
+def test_any_app_gets_its_console_and_health_without_the_order_api(database_url: str, runtime, tmp_path: Path) -> None:
+    with serving(database_url, tmp_path, "--no-access-log", app="examples.booking") as server:
+        page = httpx.get(f"{server.url}/console")
+        orders = httpx.post(f"{server.url}/orders", json=ORDER, headers={"Idempotency-Key": "k"})
+        paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert page.status_code == 200
+    assert "booking · estafeta console" in page.text and "desk" in page.text  # its service and its saga kind
+    assert orders.status_code in (404, 405) and orders.headers["Content-Type"] == "application/problem+json"
+    assert sorted(paths) == ["/health"]
