@@ -54,9 +54,10 @@ def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> Non
 
 
 def _register() -> None:
-    from . import dead_letters, demo, migrate, orders, outbox, ping, prune, relay, sagas, seed, serve
+    from . import dead_letters, demo, migrate, orders, outbox, ping, projections, prune, relay, sagas, seed, serve
 
-    for module in (migrate, outbox, ping, relay, seed, orders, sagas, demo, prune, dead_letters, serve):
+    modules = (migrate, outbox, ping, relay, seed, orders, sagas, projections, demo, prune, dead_letters, serve)
+    for module in modules:
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from sql.errors import DatabaseError, DatabaseUnavailable, EstafetaError, LockNotAcquired, StaleFencingToken
 
+from ._aggregates import Aggregate, Repository, StreamNotFound, applies
 from ._app import App, Service, load_app
 from ._binding import Binding
 from ._errors import BusinessFailure, InvalidMessage, RoutingError, SettingsError
+from ._event_types import EventDecodeError, EventRegistry, EventRegistryError
+from ._events import ANY, NO_STREAM, ConcurrencyConflict, EventMetadata, EventStore, RecordedEvent, StreamAppend
 from ._idempotency import (
     Idempotency,
     IdempotencyKeyInFlight,
@@ -38,12 +41,15 @@ from ._idempotency import (
 from ._messages import from_json, to_json
 from ._outbox import Address
 from ._problem import PROBLEM_JSON, HttpResponse, Problem
+from ._projections import OnBadEvent, Projection, ProjectionContext, Projector, handles
+from ._projector_run import run_projectors
 from ._redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
 from ._relaying import build_relay
 from ._runtime import Runtime
 from ._saga import Saga
 from ._saga_model import SagaError, SagaNotFound, SagaState, SagaStep
 from ._settings import Settings
+from ._step_events import StepEvents
 from ._step_spec import StepSpec
 from ._steps import Outcome, Reply, StepContext, deliver
 from ._testing import running
@@ -52,14 +58,23 @@ from ._watchdog import Watchdog
 __version__ = "0.2.0"
 
 __all__ = [
+    "ANY",
+    "NO_STREAM",
     "PROBLEM_JSON",
     "Address",
+    "Aggregate",
     "App",
     "Binding",
     "BusinessFailure",
+    "ConcurrencyConflict",
     "DatabaseError",
     "DatabaseUnavailable",
     "EstafetaError",
+    "EventDecodeError",
+    "EventMetadata",
+    "EventRegistry",
+    "EventRegistryError",
+    "EventStore",
     "HttpResponse",
     "Idempotency",
     "IdempotencyKeyInFlight",
@@ -71,11 +86,17 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockServerUnavailable",
+    "OnBadEvent",
     "Outcome",
     "Problem",
+    "Projection",
+    "ProjectionContext",
+    "Projector",
+    "RecordedEvent",
     "RedisLock",
     "Redlock",
     "Reply",
+    "Repository",
     "RoutingError",
     "Runtime",
     "Saga",
@@ -88,14 +109,20 @@ __all__ = [
     "SettingsError",
     "StaleFencingToken",
     "StepContext",
+    "StepEvents",
     "StepSpec",
+    "StreamAppend",
+    "StreamNotFound",
     "Watchdog",
+    "applies",
     "build_relay",
     "deliver",
     "from_json",
+    "handles",
     "load_app",
     "parse_idempotency_key",
     "redis_lock",
+    "run_projectors",
     "running",
     "to_json",
 ]

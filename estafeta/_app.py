@@ -23,6 +23,8 @@ from sql import migrate
 
 from . import _outbox as outbox
 from ._errors import RoutingError
+from ._events import EventRegistry, EventStore
+from ._projections import Projection
 from ._step_spec import StepSpec
 
 if TYPE_CHECKING:
@@ -36,6 +38,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 _RESERVED = {"public", "information_schema"}
 #: The messaging tables every service schema carries (outbox, inbox, dead letters, fences).
 COMMON_MIGRATIONS = "_common"
+#: The event store's tables, for services that opt in (:meth:`Service.use_events`).
+EVENTS_MIGRATIONS = "_events"
 
 
 class Service:
@@ -58,6 +62,10 @@ class Service:
         self._steps: dict[str, StepSpec] = {}
         self._sagas: list[Saga] = []
         self._app: App | None = None
+        #: The service's event store, once it opted in with :meth:`use_events`.
+        self.event_store: EventStore | None = None
+        self._aggregates: list[type] = []
+        self._projections: list[Projection] = []
 
     def __repr__(self) -> str:
         return f"Service({self.name!r})"
@@ -104,6 +112,38 @@ class Service:
         if any(s.name == saga.name for s in self._sagas):
             raise ValueError(f"service {self.name} already has a saga named {saga.name!r}")
         self._sagas.append(saga)
+
+    def use_events(self, registry: EventRegistry, *, aggregates: Iterable[type] = ()) -> EventStore:
+        """Give this service an event store in its schema, for the event types of ``registry``.
+
+        ``migrate`` then creates the store's tables (streams, events, snapshots, projection
+        checkpoints) in the service's schema; its steps append through ``ctx.events``. The
+        registry's upcaster chains are checked now. ``aggregates`` are the classes whose
+        streams ``estafeta events show`` can also show as state.
+        """
+        self.use_builtin_migrations(EVENTS_MIGRATIONS)
+        self.event_store = EventStore(self.name, registry)
+        self._aggregates = list(aggregates)
+        return self.event_store
+
+    def projection(self, projection: Projection) -> Projection:
+        """Register a projection of this service's events (run by ``estafeta projections run``)."""
+        if self.event_store is None:
+            raise RoutingError(f"service {self.name} has no event store: call {self.name}.use_events(registry) first")
+        if any(p.name == projection.name for p in self._projections):
+            raise ValueError(f"service {self.name} already has a projection named {projection.name!r}")
+        self._projections.append(projection)
+        return projection
+
+    @property
+    def projections(self) -> list[Projection]:
+        """The service's registered projections."""
+        return list(self._projections)
+
+    @property
+    def aggregates(self) -> list[type]:
+        """The aggregate classes given to :meth:`use_events`."""
+        return list(self._aggregates)
 
     def use_builtin_migrations(self, name: str) -> None:
         """Add a directory of ``sql/migrations/`` (an opt-in feature's tables) to this service's schema."""
@@ -227,6 +267,7 @@ class App:
         runtime: Runtime | None = None,
         *,
         watchdog: bool = True,
+        projectors: bool = True,
     ) -> Binding:
         """Declare every step of the app as a Dramatiq actor on ``broker``, run with ``runtime``.
 
@@ -238,15 +279,16 @@ class App:
 
         Either way the broker becomes Dramatiq's global broker, carries the middleware
         steps need (and, for an app with sagas, the saga watchdog that runs in each worker
-        process), and ``dramatiq`` workers consume one queue per service.
+        process; for an app with projections, its projectors, one active per projection
+        across all processes), and ``dramatiq`` workers consume one queue per service.
         """
         from ._binding import bind_app, bind_from_env
 
         if broker is None and runtime is None:
             if self._env_binding is None:
-                self._env_binding = bind_from_env(self, watchdog=watchdog)
+                self._env_binding = bind_from_env(self, watchdog=watchdog, projectors=projectors)
             return self._env_binding
-        return bind_app(self, broker, runtime, watchdog=watchdog)
+        return bind_app(self, broker, runtime, watchdog=watchdog, projectors=projectors)
 
     def migrate(self, runtime: Runtime, *, check: bool = False) -> dict[str, list[str]]:
         """Apply (or, with ``check``, only list) the pending migrations of every service, by service."""

@@ -16,6 +16,8 @@ from brokers.tracing import messaging_system
 from . import _tracing as tracing
 from ._errors import SettingsError
 from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, WorkerLogs, has_middleware
+from ._projections import Projector
+from ._projector_run import ProjectorsMiddleware
 from ._retention import PruneMiddleware
 from ._runtime import Runtime
 from ._settings import Settings
@@ -45,7 +47,9 @@ class Binding:
         return self.runtime.settings
 
 
-def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, *, watchdog: bool) -> Binding:
+def bind_app(
+    app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, *, watchdog: bool, projectors: bool = True
+) -> Binding:
     """Declare ``app``'s steps on ``broker`` (built from the runtime's settings if ``None``)."""
     runtime = runtime or Runtime(Settings.from_env())
     if broker is None:
@@ -65,6 +69,8 @@ def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, 
         _watch(broker, runtime, app)
     if runtime.settings.prune_interval:
         _prune(broker, runtime, app)
+    if projectors:
+        _project(broker, runtime, app)
     return Binding(app, broker, runtime, actors)
 
 
@@ -77,6 +83,18 @@ def _prune(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
         existing.adopt(app.services, app.sagas)
 
 
+def _project(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+    # Every worker process runs the app's projectors (one applies each projection, the others stand by).
+    found = [
+        Projector(projection, service.event_store)
+        for service in app.services
+        if service.event_store is not None
+        for projection in service.projections
+    ]
+    if found and not has_middleware(broker, ProjectorsMiddleware):
+        broker.add_middleware(ProjectorsMiddleware(runtime, found))
+
+
 def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     # Every worker process watches saga deadlines: restarting the workers resumes every saga.
     existing = next((m for m in broker.middleware if isinstance(m, WatchdogMiddleware)), None)
@@ -86,11 +104,11 @@ def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     existing.sagas.extend(saga for saga in app.sagas if saga not in existing.sagas)
 
 
-def bind_from_env(app: App, *, watchdog: bool) -> Binding:
+def bind_from_env(app: App, *, watchdog: bool, projectors: bool = True) -> Binding:
     """``bind_app`` with the ``ESTAFETA_*`` settings; a bad one ends the process with one line, exit code 2."""
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
         print(f"estafeta: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return bind_app(app, None, Runtime(settings), watchdog=watchdog)
+    return bind_app(app, None, Runtime(settings), watchdog=watchdog, projectors=projectors)

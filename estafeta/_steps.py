@@ -29,10 +29,12 @@ from sql.pool import Database
 from . import _metrics as metrics
 from . import _observe as observe
 from . import _outbox as outbox
-from ._errors import BusinessFailure, InvalidMessage
+from ._errors import BusinessFailure, InvalidMessage, RoutingError
+from ._events import EventMetadata, EventStore
 from ._locks import HeldLock
 from ._messages import from_json, to_json
 from ._runtime import Runtime
+from ._step_events import StepEvents
 from ._step_spec import Router, StepSpec
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ class StepContext:
     lock: HeldLock | None = None
     #: What :meth:`on_refusal` asked to write if the step refuses.
     refusal_writes: list[Callable[[psycopg.Connection[Any]], object]] = attrs.field(factory=list)
+    #: The service's event store, if it has one (``Service.use_events``).
+    event_store: EventStore | None = None
 
     @property
     def fencing_token(self) -> int | None:
@@ -93,6 +97,22 @@ class StepContext:
         too: a command sent twice must not be refused once and done once.
         """
         self.refusal_writes.append(write)
+
+    @property
+    def events(self) -> StepEvents:
+        """The service's event store in this step's transaction: append, load and save aggregates.
+
+        Events carry the message being processed (causation), the saga (correlation) and the
+        trace. A :class:`ConcurrencyConflict` rolls the step back and Dramatiq retries it.
+        """
+        if self.event_store is None:
+            raise RoutingError(f"service {self.service} has no event store: call {self.service}.use_events(registry)")
+        metadata = EventMetadata(
+            causation_id=str(self.message_id),
+            correlation_id=str(self.saga_id) if self.saga_id else None,
+            traceparent=self.options.get("traceparent"),
+        )
+        return StepEvents(self.conn, self.event_store, metadata)
 
     def send(self, command: Any, **kwargs: Any) -> uuid.UUID:
         """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
@@ -244,6 +264,7 @@ def _run(
             payload=payload,
             router=spec.router,
             lock=held,
+            event_store=getattr(spec.owner, "event_store", None),
         )
         try:
             # A savepoint: a business failure undoes the step's own work, not the inbox record.

@@ -38,8 +38,8 @@ def names() -> list[str]:
 
 
 @functools.cache
-def query(name: str, schema: str) -> sql.Composed:
-    """The query ``name`` with ``{schema}`` bound to the service schema ``schema``."""
-    text = body("queries.sql", name)
-    # Literal braces are not used in queries.sql, so format() only sees {schema}.
+def query(name: str, schema: str, filename: str = "queries.sql") -> sql.Composed:
+    """The query ``name`` of ``sql/<filename>`` with ``{schema}`` bound to the service schema ``schema``."""
+    text = body(filename, name)
+    # Literal braces are not used in these files, so format() only sees {schema}.
     return sql.SQL(text).format(schema=sql.Identifier(schema))

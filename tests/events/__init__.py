@@ -1,0 +1,1 @@
+"""Tests of the event store, aggregates and projections (fixtures in conftest.py)."""
