@@ -23,6 +23,7 @@ from brokers.publish import EnqueuePublisher
 from brokers.relay import Outbox, Relay, RelayConfig
 from tests import lock_steps, steps  # noqa: F401  (test-only steps, bound with the rest)
 
+from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (Kafka fixtures, on Tansu)
 from .services import drop_redis_namespace, rabbitmq_vhost, redis_namespaced, scratch_database
 
 #: Test settings: tiny backoffs so retries happen within a test.

@@ -75,12 +75,12 @@ def test_malformed_message_is_dead_lettered_and_the_worker_keeps_serving(
 
 
 def test_worker_refuses_to_start_on_a_bad_setting(tmp_path: Path, database_url: str) -> None:
-    env = processes.service_env(database_url, "kafka://user:hunter2@example:9092")
+    env = processes.service_env(database_url, "nats://user:hunter2@example:4222")
     worker = processes.workers(env, tmp_path)
     code = worker.popen.wait(60)
     output = worker.output()
     worker.stop()
     assert code != 0
-    assert "ESTAFETA_BROKER_URL: unknown scheme 'kafka'" in output
+    assert "ESTAFETA_BROKER_URL: unknown scheme 'nats'" in output
     assert "hunter2" not in output
     assert "Traceback" not in output
