@@ -136,9 +136,8 @@ class KafkaConsumer(dramatiq.Consumer):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            want = max(1, self.prefetch - self._unfinished())
             try:
-                records = self.consumer.consume(num_messages=want, timeout=min(remaining, POLL_SLICE))
+                records = self._fetch(min(remaining, POLL_SLICE))
             except KafkaException as exc:
                 raise KafkaUnreachable(error_text(exc)) from None
             for record in records:
@@ -155,6 +154,18 @@ class KafkaConsumer(dramatiq.Consumer):
             logger.warning("closing the consumer of %s: %s", self.topic, exc)
 
     # -- receiving --------------------------------------------------------------
+
+    def _fetch(self, wait: float) -> list[Message]:
+        """What librdkafka has fetched, up to the prefetch; else wait up to ``wait`` for one record.
+
+        ``consume(n, timeout)`` waits for ``n`` records or the whole timeout, which would
+        add the timeout to every message's latency; ``poll`` returns with the first one.
+        """
+        records = self.consumer.consume(num_messages=max(1, self.prefetch - self._unfinished()), timeout=0)
+        if records:
+            return records
+        record = self.consumer.poll(wait)
+        return [record] if record is not None else []
 
     def _receive(self, record: Message) -> None:
         error = record.error()
