@@ -33,8 +33,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+$(VENV)/.bench-installed: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,embedded,bench]'
+	touch $@
+
 ## Benchmarks: each prints its figures beside the baselines measured in the same run.
-bench: $(STAMP)
+bench: $(VENV)/.bench-installed
 	$(BIN)/python -m bench.relay
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks
