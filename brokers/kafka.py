@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import dramatiq
 import dramatiq.errors
@@ -167,8 +167,8 @@ class KafkaBroker(dramatiq.Broker):
                 break
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.1)
-            except KafkaException as exc:
-                raise KafkaRefused(f"Kafka refused a record for {topic!r}: {exc}") from None
+            except KafkaException as exc:  # refused before sending (too large...), or the producer is dead
+                self._raise_for(exc.args[0], topic)
         deadline = time.monotonic() + self.delivery_timeout + 5
         while not delivery.done.is_set():
             if time.monotonic() > deadline:
@@ -177,7 +177,7 @@ class KafkaBroker(dramatiq.Broker):
         if delivery.error is not None:
             self._raise_for(delivery.error, topic)
 
-    def _raise_for(self, error: KafkaError, topic: str) -> None:
+    def _raise_for(self, error: KafkaError, topic: str) -> NoReturn:
         if error.fatal():
             self._reset_producer()
         text = f"Kafka did not take a record for {topic!r}: {error.str()}"

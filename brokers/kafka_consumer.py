@@ -24,20 +24,17 @@ import logging
 import queue
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dramatiq
 import dramatiq.errors
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from .kafka import Headers, KafkaUnreachable
+from .kafka import Headers, KafkaBroker, KafkaRefused, KafkaUnreachable
 from .kafka_config import ClientLog
 from .kafka_offsets import PartitionOffsets
 from .kafka_topics import error_text
 from .publish import describe
-
-if TYPE_CHECKING:
-    from .kafka import KafkaBroker
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +115,8 @@ class KafkaConsumer(dramatiq.Consumer):
         exception = getattr(message, "_exception", None)
         reason = describe(exception) if exception is not None else "rejected"
         body = dramatiq.Message(**message.asdict()).encode()
-        self.broker.dead_letter(self.queue_name, body, message.kafka_key, message.kafka_headers, reason)
+        where = (message.kafka_partition, message.kafka_offset)
+        self._dead_letter(body, message.kafka_key, message.kafka_headers, reason, where)
         self.handed_over.put(message)
 
     def requeue(self, messages: Any) -> None:
@@ -190,8 +188,30 @@ class KafkaConsumer(dramatiq.Consumer):
     def _dead_letter_undecodable(self, record: Message, offsets: PartitionOffsets, offset: int, exc: Exception) -> None:
         reason = f"undecodable message: {describe(exc)}"
         logger.error("%s at %s[%d]@%d; dead-lettered", reason, self.topic, offsets.partition, offset)
-        self.broker.dead_letter(self.queue_name, record.value() or b"", record.key(), headers_of(record), reason)
+        self._dead_letter(record.value() or b"", record.key(), headers_of(record), reason, (offsets.partition, offset))
         offsets.finished(offset)
+
+    def _dead_letter(
+        self, value: bytes, key: bytes | None, headers: Headers, reason: str, where: tuple[int, int]
+    ) -> None:
+        """Write the dead letter; an outage propagates (tried again later), a refusal is logged.
+
+        A dead-letter topic that refuses the record for good (a policy, an authorization)
+        must not stop the partition for ever: the record is left where it is, in the
+        queue's own topic until retention removes it, and the log says where.
+        """
+        try:
+            self.broker.dead_letter(self.queue_name, value, key, headers, reason)
+        except KafkaRefused as exc:
+            partition, offset = where
+            logger.error(
+                "cannot dead-letter %s[%d]@%d (%s): %s; the record stays in that topic until its retention ends",
+                self.topic,
+                partition,
+                offset,
+                reason,
+                exc,
+            )
 
     def _unfinished(self) -> int:
         return sum(p.in_flight for p in self.partitions.values())

@@ -31,9 +31,7 @@ from .services import RUN_ID, require
 #: (Tansu also answers a group join only after half the session timeout), and fetches
 #: return within 10 ms (Tansu 0.6 does not end a waiting fetch of several partitions
 #: when records arrive, so the default 500 ms wait would be added to every hop).
-FAST_CONSUMERS = (
-    "consumer.session.timeout.ms=2000&consumer.heartbeat.interval.ms=500&consumer.fetch.wait.max.ms=10"
-)
+FAST_CONSUMERS = "consumer.session.timeout.ms=2000&consumer.heartbeat.interval.ms=500&consumer.fetch.wait.max.ms=10"
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ and a second worker joining the group forces real rebalances.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from brokers import broker_from_url
 from brokers.kafka import KafkaBroker
+from brokers.kafka_config import parse_kafka_url
 
 from ..helpers import scalar, wait_until
 from ..kafka_support import committed_offsets, read_topic
@@ -193,3 +195,38 @@ def test_a_rebalance_abandons_what_does_not_finish_in_time_and_never_commits_it(
     assert all(deliveries(conn)[seq] == 1 for seq in range(3))  # below it: committed, never again
     assert sorted(set(done(conn))) == list(range(10))
     assert scalar(conn, "SELECT count(*) FROM kafkacheck.done WHERE seq = 3") == 1
+
+
+def test_sigterm_lets_the_running_message_finish_and_commits_it(kafka_url, kafkacheck, conn, tmp_path: Path) -> None:
+    url = one_partition(kafka_url)
+    send(url, *range(10))
+    first = worker(url, kafkacheck, tmp_path, run="1", KAFKACHECK_SLOW="9", KAFKACHECK_SLOW_SECONDS="3")
+    with processes.running(first):
+        wait_until(lambda: deliveries(conn)[9] == 1, timeout=60, what="the slow message taken")
+        os.kill(first.popen.pid, signal.SIGTERM)  # to dramatiq's main process, which stops its workers
+        assert first.popen.wait(30) == 0
+    assert sorted(done(conn)) == list(range(10))  # it finished before the worker exited...
+    assert committed_offsets(url, "kafkacheck") == {0: 10}  # ...and its offset was committed
+    send(url, 10)
+    with processes.running(worker(url, kafkacheck, tmp_path, run="2")):
+        wait_until(lambda: 10 in done(conn), timeout=60)
+    assert deliveries(conn, "2") == Counter([10])  # nothing came twice
+
+
+def test_a_dead_letter_kafka_refuses_does_not_stop_the_partition(kafka_url, kafkacheck, conn, tmp_path: Path) -> None:
+    url = one_partition(kafka_url)
+    broker = broker_from_url(url)
+    big = dramatiq.Message(
+        queue_name="kafkacheck", actor_name="kafkacheck.nobody", args=("x" * 5000,), kwargs={}, options={}
+    )
+    broker.enqueue(big)  # fine for Kafka, too large for the workers' producer below
+    broker.close()
+    send(url, 1)
+    small_producer = url + "&producer.message.max.bytes=2000"
+    first = worker(small_producer, kafkacheck, tmp_path)
+    with processes.running(first):
+        wait_until(lambda: done(conn) == [1], timeout=60, what="the message behind the refused dead letter")
+        wait_until(lambda: committed_offsets(url, "kafkacheck") == {0: 2}, timeout=30, what="the offset past both")
+        log = first.output()
+    assert f"cannot dead-letter {parse_kafka_url(url).topic('kafkacheck')}[0]@0" in log
+    assert "stays in that topic until its retention ends" in log
