@@ -13,13 +13,11 @@ from typing import Any
 import attrs
 import psycopg
 
-from sql.errors import EstafetaError
+from estafeta import BusinessFailure, EstafetaError, Service, StepContext
 
-from .errors import BusinessFailure
-from .services import declare_service
-from .step import StepContext, step
+from .migrations import MIGRATIONS
 
-SERVICE = declare_service("inventory")
+SERVICE = Service("inventory", migrations=MIGRATIONS / "inventory")
 
 
 @attrs.frozen
@@ -47,7 +45,7 @@ def _order_lock(command: ReserveStock | ReleaseStock) -> str:
     return str(command.order_id)
 
 
-@step("inventory", ReserveStock, lock=_order_lock)
+@SERVICE.step(ReserveStock, lock=_order_lock)
 def reserve_stock(ctx: StepContext, command: ReserveStock) -> dict[str, Any]:
     """Reserve the stock once; refuse (business failure) an unknown SKU or too little stock."""
     conn = ctx.conn
@@ -78,7 +76,7 @@ def reserve_stock(ctx: StepContext, command: ReserveStock) -> dict[str, Any]:
     return {"reserved": command.quantity}
 
 
-@step("inventory", ReleaseStock, lock=_order_lock)
+@SERVICE.step(ReleaseStock, lock=_order_lock)
 def release_stock(ctx: StepContext, command: ReleaseStock) -> dict[str, Any]:
     """Put the order's reservation back into stock, once."""
     conn = ctx.conn

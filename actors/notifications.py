@@ -8,10 +8,11 @@ from typing import Any
 
 import attrs
 
-from .services import declare_service
-from .step import StepContext, step
+from estafeta import Service, StepContext
 
-SERVICE = declare_service("notifications")
+from .migrations import MIGRATIONS
+
+SERVICE = Service("notifications", migrations=MIGRATIONS / "notifications")
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class NotifyCustomer:
     kind: str
 
 
-@step("notifications", NotifyCustomer, lock=lambda command: str(command.order_id))
+@SERVICE.step(NotifyCustomer, lock=lambda command: str(command.order_id))
 def notify_customer(ctx: StepContext, command: NotifyCustomer) -> dict[str, Any]:
     """Record the notification (the primary key makes a second one of a kind a no-op) and send it."""
     sent = ctx.conn.execute(

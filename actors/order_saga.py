@@ -17,16 +17,13 @@ from typing import Any
 import attrs
 import psycopg
 
-from sql import sagas
-from sql.errors import EstafetaError
+from estafeta import EstafetaError, Runtime, Saga, SagaState, SagaStep
 
 from . import orders
 from .inventory import ReleaseStock, ReserveStock
 from .notifications import NotifyCustomer
 from .orders import CancelOrder, ConfirmOrder
 from .payments import ChargePayment, RefundPayment
-from .runtime import Runtime
-from .saga import Saga, SagaState, SagaStep
 
 #: Order ids derived from idempotency keys live in this namespace.
 _IDEMPOTENCY_NAMESPACE = uuid.UUID("6f0b1a2e-5d7c-4f43-9a55-2b8e3c1d0e77")
@@ -59,7 +56,7 @@ def _notify(kind: str) -> Any:
 #: The order saga, orchestrated by ``orders.saga_order_reply`` with its state in ``orders.saga_order``.
 ORDER_SAGA = Saga(
     "order",
-    service="orders",
+    service=orders.SERVICE,
     data=OrderData,
     key="order_id",
     steps=[
@@ -134,7 +131,7 @@ def place_order(
         existing.amount_cents,
     ):
         raise IdempotencyConflict(f"idempotency key {idempotency_key!r} was already used for a different order")
-    (saga_id, *_) = sagas.of_key(conn, ORDER_SAGA.table, existing.order_id)
+    (saga_id, *_) = ORDER_SAGA.of_key(conn, existing.order_id)
     return PlacedOrder(existing.order_id, saga_id, False)
 
 

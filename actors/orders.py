@@ -14,11 +14,11 @@ import attrs
 import psycopg
 from psycopg.rows import dict_row
 
-from .errors import BusinessFailure
-from .services import declare_service
-from .step import StepContext, step
+from estafeta import BusinessFailure, Service, StepContext
 
-SERVICE = declare_service("orders")
+from .migrations import MIGRATIONS
+
+SERVICE = Service("orders", migrations=MIGRATIONS / "orders")
 
 #: Statuses of an order.
 STATUSES = ("pending", "confirmed", "cancelled")
@@ -68,13 +68,13 @@ def _set_status(conn: psycopg.Connection[Any], order_id: uuid.UUID, wanted: str,
     # Already `wanted`: a repeated command changes nothing.
 
 
-@step("orders", ConfirmOrder, lock=lambda command: str(command.order_id))
+@SERVICE.step(ConfirmOrder, lock=lambda command: str(command.order_id))
 def confirm_order(ctx: StepContext, command: ConfirmOrder) -> None:
     """pending -> confirmed; a cancelled order is refused."""
     _set_status(ctx.conn, command.order_id, "confirmed", forbidden="cancelled")
 
 
-@step("orders", CancelOrder, lock=lambda command: str(command.order_id))
+@SERVICE.step(CancelOrder, lock=lambda command: str(command.order_id))
 def cancel_order(ctx: StepContext, command: CancelOrder) -> None:
     """pending -> cancelled; a confirmed order is refused."""
     _set_status(ctx.conn, command.order_id, "cancelled", forbidden="confirmed")

@@ -14,13 +14,11 @@ from typing import Any
 import attrs
 import psycopg
 
-from sql.errors import EstafetaError
+from estafeta import BusinessFailure, EstafetaError, Service, StepContext
 
-from .errors import BusinessFailure
-from .services import declare_service
-from .step import StepContext, step
+from .migrations import MIGRATIONS
 
-SERVICE = declare_service("payments")
+SERVICE = Service("payments", migrations=MIGRATIONS / "payments")
 
 
 @attrs.frozen
@@ -52,7 +50,7 @@ def _order_lock(command: ChargePayment | RefundPayment) -> str:
     return str(command.order_id)
 
 
-@step("payments", ChargePayment, lock=_order_lock)
+@SERVICE.step(ChargePayment, lock=_order_lock)
 def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
     """Charge the order once; refuse (business failure) without an account or enough money."""
     conn = ctx.conn
@@ -87,7 +85,7 @@ def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
     return {"payment_id": str(payment_id)}
 
 
-@step("payments", RefundPayment, lock=_order_lock)
+@SERVICE.step(RefundPayment, lock=_order_lock)
 def refund_payment(ctx: StepContext, command: RefundPayment) -> dict[str, Any]:
     """Return the order's charge to the account, once; raise :class:`AccountGone` if it is gone."""
     conn = ctx.conn

@@ -14,11 +14,11 @@ from typing import Any
 import attrs
 import psycopg
 
-from . import outbox
-from .services import declare_service
-from .step import StepContext, step
+from estafeta import Service, StepContext
 
-SERVICE = declare_service("pingpong")
+from .migrations import MIGRATIONS
+
+SERVICE = Service("pingpong", migrations=MIGRATIONS / "pingpong")
 
 
 @attrs.frozen
@@ -36,7 +36,7 @@ class Pong:
     ping_id: uuid.UUID
 
 
-@step("pingpong", Ping)
+@SERVICE.step(Ping)
 def ping(ctx: StepContext, command: Ping) -> None:
     """Record the ping and send its pong, atomically."""
     ctx.conn.execute(
@@ -45,7 +45,7 @@ def ping(ctx: StepContext, command: Ping) -> None:
     ctx.send(Pong(command.ping_id), ordering_key=str(command.ping_id))
 
 
-@step("pingpong", Pong)
+@SERVICE.step(Pong)
 def pong(ctx: StepContext, command: Pong) -> None:
     """Mark the ping answered; ``pongs`` counts effects, so a duplicate would show as 2."""
     ctx.conn.execute(
@@ -57,7 +57,7 @@ def pong(ctx: StepContext, command: Pong) -> None:
 def send_ping(conn: psycopg.Connection[Any]) -> uuid.UUID:
     """Write a ping into the outbox on ``conn`` (inside the caller's transaction); return its id."""
     ping_id = uuid.uuid4()
-    outbox.send(conn, Ping(ping_id, datetime.now(UTC)), service=SERVICE.name)
+    SERVICE.send(conn, Ping(ping_id, datetime.now(UTC)))
     return ping_id
 
 

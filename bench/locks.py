@@ -34,8 +34,8 @@ from typing import Any
 import psycopg
 import redis
 
-from actors.locks import HeldLock, PostgresLocks, RedisLocks
-from actors.redis_lock import Redlock
+from estafeta import Redlock
+from estafeta._locks import HeldLock, PostgresLocks, RedisLocks
 from sql import migrate
 from sql.pool import Database
 

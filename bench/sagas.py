@@ -37,15 +37,12 @@ import psycopg
 from dramatiq.brokers.stub import StubBroker
 from psycopg import sql
 
-from actors import outbox
+from actors.app import app
 from actors.order_saga import place_order
+from actors.pingpong import SERVICE as pingpong_service
 from actors.pingpong import Ping
-from actors.runtime import Runtime
-from actors.services import all_services
-from actors.settings import Settings
-from actors.step import bind
-from cli.relay import build_relay
 from cli.seed import plan_orders, seed_services
+from estafeta import Runtime, Settings, build_relay
 
 from .common import describe, machine, rabbitmq_vhost, reachable, redis_namespace, scratch_database
 
@@ -55,7 +52,7 @@ BIN = Path(sys.executable).parent
 
 def _migrate(dsn: str) -> None:
     runtime = Runtime(Settings(database_url=dsn))
-    runtime.migrate()
+    app.migrate(runtime)
     runtime.close()
 
 
@@ -64,7 +61,7 @@ def _wipe(dsn: str) -> None:
         names = conn.execute(
             "SELECT schemaname, tablename FROM pg_tables"
             " WHERE schemaname = ANY(%s) AND tablename <> 'schema_migrations'",
-            ([s.name for s in all_services()],),
+            (app.service_names,),
         ).fetchall()
         tables = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in names)
         conn.execute(sql.SQL("TRUNCATE {}").format(tables))
@@ -76,9 +73,9 @@ def stub_harness(dsn: str) -> Iterator[Runtime]:
     runtime = Runtime(Settings(database_url=dsn, pool_size=12))
     broker = StubBroker()
     broker.emit_after("process_boot")
-    bind(broker, runtime)
+    app.bind(broker, runtime)
     worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
-    relay = build_relay(runtime, broker, [], poll_interval=0.05)
+    relay = build_relay(runtime, broker, app.service_names, poll_interval=0.05)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
     worker.start()
@@ -131,7 +128,7 @@ def _inbox_rows(conn: psycopg.Connection[Any]) -> int:
         int(
             (conn.execute(sql.SQL("SELECT count(*) FROM {}.inbox").format(sql.Identifier(s.name))).fetchone() or [0])[0]
         )
-        for s in all_services()
+        for s in app.services
     )
 
 
@@ -141,7 +138,7 @@ def measure_pings(runtime: Runtime, count: int) -> dict[str, Any]:
     with database.transaction() as conn:
         conn.execute("DELETE FROM pingpong.pings")
         for _ in range(count):
-            outbox.send(conn, Ping(uuid.uuid4(), datetime.now(UTC)), service="pingpong")
+            pingpong_service.send(conn, Ping(uuid.uuid4(), datetime.now(UTC)))
     with database.connection() as conn:
         _wait(conn, "SELECT count(*) FROM pingpong.pings WHERE ponged_at IS NOT NULL", count)
         row = conn.execute("SELECT extract(epoch FROM max(ponged_at) - min(sent_at)) FROM pingpong.pings").fetchone()

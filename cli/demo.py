@@ -28,13 +28,15 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
 from brokers.publish import Publisher, PublishOutcome
+from estafeta import build_relay
 from sql.outbox import OutboxRow
 
+from .context import order_system
 from .seed import OrderPlan, plan_orders, seed_services
 
 if TYPE_CHECKING:
     from actors.order_saga import Reconciliation
-    from actors.runtime import Runtime
+    from estafeta import Runtime
 
 #: Where the demo's worker processes write their logs.
 LOG_DIR = Path(".estafeta") / "demo-logs"
@@ -93,9 +95,9 @@ class Harness:
 
 @contextlib.contextmanager
 def _relaying(runtime: Runtime, broker: dramatiq.Broker, every: int) -> Iterator[DuplicatingPublisher]:
-    from .relay import build_relay
+    from actors import app
 
-    relay = build_relay(runtime, broker, [], poll_interval=0.2)
+    relay = build_relay(runtime, broker, app.service_names, poll_interval=0.2)
     publisher = DuplicatingPublisher(relay.publisher, every)
     relay.publisher = publisher
     stop = threading.Event()
@@ -110,7 +112,7 @@ def _relaying(runtime: Runtime, broker: dramatiq.Broker, every: int) -> Iterator
 
 @contextlib.contextmanager
 def _stub_harness(runtime: Runtime, broker: StubBroker, every: int) -> Iterator[Harness]:
-    # The worker boots the saga watchdog too (actors adds it to every broker's middleware).
+    # The worker boots the saga watchdog too (binding the app added it to the broker's middleware).
     worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
     worker.start()
     try:
@@ -189,7 +191,7 @@ def _absorbed(before: float, harness: Harness) -> int | None:
 
 
 def _duplicates_counted() -> float:
-    from actors.metrics import STEPS
+    from estafeta._metrics import STEPS
 
     return sum(
         sample.value
@@ -230,9 +232,9 @@ def demo_command(
     refused for lack of money or stock and their sagas compensate. Exits 1 if a saga did
     not end, ended failed, or money or stock is not accounted for.
     """
-    from actors import broker, runtime
-
-    runtime.migrate()
+    context = order_system()
+    runtime, broker = context.runtime, context.broker
+    context.app.migrate(runtime)
     run = uuid.uuid4().hex[:6]
     plan = plan_orders(count, prefix=f"demo-{run}-", rng=random.Random(rng_seed))
     seed_services(runtime, plan.balances, plan.stock)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 
 import click
 
-from sql.errors import EstafetaError
+from estafeta import EstafetaError
+
+from .context import ORDER_SYSTEM, AppContext
 
 #: Exit codes: bad input, and an operation that failed.
 EXIT_USAGE = 2
@@ -18,28 +19,29 @@ EXIT_FAILURE = 1
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.option(
-    "--import",
-    "modules",
-    multiple=True,
-    metavar="MODULE",
-    help="Import MODULE first: your own services, with their steps and migrations (repeatable).",
+    "--app",
+    "app_spec",
+    envvar="ESTAFETA_APP",
+    default=ORDER_SYSTEM,
+    show_default=True,
+    metavar="MODULE[:NAME]",
+    help="The app to work on: a module defining an estafeta App (its `app`, or NAME) [ESTAFETA_APP].",
 )
-def cli(verbose: int, modules: tuple[str, ...]) -> None:
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, app_spec: str) -> None:
     """estafeta: transactional outbox, idempotent inbox, sagas and fenced locks for Dramatiq.
 
-    Configuration comes from ESTAFETA_* environment variables (see README.md);
-    the default is an embedded PostgreSQL and the in-memory StubBroker.
+    Runtime commands (migrate, relay, outbox, sagas) work on any app; seed, orders, demo
+    and ping belong to the order system, the default app. Configuration comes from
+    ESTAFETA_* environment variables (see README.md); the default is an embedded
+    PostgreSQL and the in-memory StubBroker.
     """
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not verbose:
         # The pool logs every failed reconnection; the command reports the outcome in one line.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise click.BadParameter(f"cannot import {module!r}: {exc}", param_hint="--import") from None
+    ctx.obj = AppContext(app_spec)
 
 
 def _register() -> None:

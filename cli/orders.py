@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 
+from .context import order_system
+
 if TYPE_CHECKING:
     from actors.order_saga import PlacedOrder
-    from actors.runtime import Runtime
+    from estafeta import Runtime
 
 #: Orders placed per transaction by ``--count`` (each order's rows still commit together).
 BATCH = 100
@@ -20,10 +22,15 @@ BATCH = 100
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-def _ready(runtime: Runtime) -> None:
-    pending = runtime.migrate(["orders"], check=True)["orders"]
+def _ready() -> Runtime:
+    context = order_system()
+    from actors import orders
+
+    runtime = context.runtime
+    pending = runtime.migrate([orders.SERVICE], check=True)["orders"]
     if pending:
         raise click.ClickException("the orders schema is not migrated: run `estafeta migrate` first")
+    return runtime
 
 
 @click.group("orders")
@@ -54,10 +61,9 @@ def place_command(
     and broker (with the default stub:// broker nothing outside this process would run
     them: try `estafeta demo`).
     """
-    from actors import runtime
+    runtime = _ready()
     from actors.order_saga import IdempotencyConflict
 
-    _ready(runtime)
     keys = [None] * count if key is None else ([key] if count == 1 else [f"{key}-{i}" for i in range(1, count + 1)])
     who = list(zip(itertools.cycle(customers), itertools.cycle(skus), keys, strict=False))
     try:
@@ -97,11 +103,11 @@ def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: i
 @_json_option
 def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
     """One order and its saga (ORDER_ID), or how many orders and sagas are in each status."""
-    from actors import orders, runtime
+    runtime = _ready()
+    from actors import orders
     from actors.order_saga import ORDER_SAGA
     from sql import sagas
 
-    _ready(runtime)
     with runtime.database("orders").connection() as conn:
         if order_id is None:
             counts = {"orders": orders.count_by_status(conn), "sagas": sagas.count_by_status(conn, ORDER_SAGA.table)}
@@ -139,9 +145,9 @@ def _print_counts(counts: dict[str, dict[str, int]], as_json: bool) -> None:
 @_json_option
 def list_command(status: str | None, limit: int, as_json: bool) -> None:
     """The newest orders first."""
-    from actors import orders, runtime
+    runtime = _ready()
+    from actors import orders
 
-    _ready(runtime)
     with runtime.database("orders").connection() as conn:
         found = orders.list_orders(conn, status=status, limit=limit)
     if as_json:

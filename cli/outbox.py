@@ -10,15 +10,11 @@ import click
 from sql import inbox
 from sql import outbox as store
 
+from .context import current
+
 
 def _services(names: tuple[str, ...]) -> list[str]:
-    from actors.services import all_services
-
-    known = [s.name for s in all_services()]
-    for name in names:
-        if name not in known:
-            raise click.BadParameter(f"no service {name!r} (known: {', '.join(known)})", param_hint="--service")
-    return list(names) or known
+    return current().services(names)
 
 
 _service_option = click.option("--service", "services", multiple=True, help="Only this service (repeatable).")
@@ -42,8 +38,7 @@ def stats_command(services: tuple[str, ...], as_json: bool) -> None:
     rows wait behind a failed row; oldest wait: the longest any row that should be out
     by now has waited.
     """
-    from actors import runtime
-
+    runtime = current().runtime
     rows = {}
     for name in _services(services):
         with runtime.database(name).connection() as conn:
@@ -70,8 +65,7 @@ def stats_command(services: tuple[str, ...], as_json: bool) -> None:
 @_json_option
 def failed_command(services: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Rows that exhausted their publish attempts, with their last error (oldest first)."""
-    from actors import runtime
-
+    runtime = current().runtime
     found = []
     for name in _services(services):
         with runtime.database(name).connection() as conn:
@@ -98,8 +92,7 @@ def retry_command(row_id: int | None, retry_all: bool, services: tuple[str, ...]
     The row is published again with a fresh count of attempts; the rows of its key that
     waited behind it follow it, in order.
     """
-    from actors import runtime
-
+    runtime = current().runtime
     if (row_id is None) == (not retry_all):
         raise click.UsageError("give a ROW_ID or --all (not both)")
     names = _services(services)
@@ -129,8 +122,7 @@ def _has_failed_row(runtime: Any, service: str, row_id: int) -> bool:
 @_json_option
 def dead_letters_command(services: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Messages the workers refused (undecodable, invalid, failing every retry), newest first."""
-    from actors import runtime
-
+    runtime = current().runtime
     found = []
     for name in _services(services):
         with runtime.database(name).connection() as conn:

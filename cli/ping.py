@@ -7,6 +7,8 @@ import time
 
 import click
 
+from .context import order_system
+
 
 @click.command("ping")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds to wait.")
@@ -16,15 +18,16 @@ def ping_command(timeout: float) -> None:
     With the StubBroker (the default) a worker and a relay run inside this command;
     otherwise `dramatiq actors` and `estafeta relay` must be running.
     """
-    from actors import broker, pingpong, runtime, settings
+    context = order_system()
+    from actors import pingpong
+    from estafeta import running
 
-    runtime.migrate(["pingpong"])
+    runtime = context.runtime
+    runtime.migrate([pingpong.SERVICE])
     database = runtime.database("pingpong")
     harness: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
-    if settings.broker_url.startswith("stub:"):
-        from .inprocess import running
-
-        harness = running(runtime, broker)
+    if runtime.settings.broker_url.startswith("stub:"):
+        harness = running(context.binding)
     with harness:
         started = time.monotonic()
         with database.transaction() as conn:

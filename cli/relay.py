@@ -5,54 +5,14 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from datetime import timedelta
-from typing import Any
 
 import click
-import dramatiq
-from psycopg import conninfo
 
-from brokers.publish import publisher_for
-from brokers.relay import Outbox, Relay, RelayConfig
-from sql.pool import Database
+from estafeta import build_relay
+from estafeta._middleware import embedded_notice
+from estafeta._relaying import close_relay, run_lanes
 
-#: ``application_name`` of the relay's pooled connections (``pg_stat_activity``).
-APPLICATION_NAME = "estafeta-relay"
-
-
-def build_relay(runtime: Any, broker: dramatiq.Broker, services: list[str], **overrides: Any) -> Relay:
-    """A relay over ``services``' outboxes (all services when empty), configured from settings.
-
-    The relay gets pools of its own, named ``estafeta-relay`` in ``pg_stat_activity``,
-    one per database (services sharing a database share it).
-    """
-    from actors.services import all_services
-
-    settings = runtime.settings
-    names = services or [s.name for s in all_services()]
-    config = RelayConfig(
-        batch_size=overrides.get("batch_size") or settings.relay_batch_size,
-        poll_interval=overrides.get("poll_interval") or settings.relay_poll_interval,
-        max_attempts=settings.relay_max_attempts,
-        attempt_backoff=overrides.get("attempt_backoff") or timedelta(seconds=1),
-    )
-    databases: dict[str, Database] = {}
-    outboxes = []
-    for name in names:
-        dsn = runtime.dsn_for(name)
-        if dsn not in databases:
-            named = conninfo.make_conninfo(dsn, application_name=APPLICATION_NAME)
-            databases[dsn] = Database(named, min_size=1, max_size=2)
-        outboxes.append(Outbox(name, databases[dsn]))
-    options = {"confirm_timeout": overrides["confirm_timeout"]} if overrides.get("confirm_timeout") else {}
-    return Relay(outboxes, publisher_for(broker, **options), config)
-
-
-def close_relay(relay: Relay) -> None:
-    """Close the relay's broker connection and database pools."""
-    relay.publisher.close()
-    for database in {id(o.database): o.database for o in relay.outboxes}.values():
-        database.close()
+from .context import current
 
 
 @click.command("relay")
@@ -96,13 +56,16 @@ def relay_command(
     pending). Several relays may run at once: per-key order holds across them. Run it
     as its own process, never inside a Dramatiq worker.
     """
-    from actors import broker, runtime, settings
-
-    _check(settings.broker_url, services)
+    context = current()
+    runtime = context.runtime
+    _check(runtime.settings.broker_url)
+    names = context.services(services)
+    if runtime.embedded:
+        click.echo(embedded_notice("relay"), err=True)
     # pika logs every timer at debug level; one line per batch is the relay's own job.
     logging.getLogger("pika").setLevel(max(logging.getLogger().level, logging.WARNING))
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
-    relays = [build_relay(runtime, broker, list(services), **options) for _ in range(1 if once else lanes)]
+    relays = [build_relay(runtime, context.broker, names, **options) for _ in range(1 if once else lanes)]
     if metrics_port is not None:
         from brokers import metrics
 
@@ -120,44 +83,12 @@ def relay_command(
             close_relay(relay)
 
 
-def _check(broker_url: str, services: tuple[str, ...]) -> None:
-    from actors.services import all_services
-
+def _check(broker_url: str) -> None:
     if broker_url.startswith("stub:"):
         raise click.UsageError(
             "ESTAFETA_BROKER_URL is stub://, which lives inside one process; "
             "set amqp://... or redis://... (or use `estafeta demo`)"
         )
-    known = {s.name for s in all_services()}
-    unknown = [name for name in services if name not in known]
-    if unknown:
-        raise click.BadParameter(f"no service {unknown[0]!r}", param_hint="--service")
-
-
-def run_lanes(relays: list[Relay], stop: threading.Event) -> None:
-    """Run ``relays`` side by side until ``stop``; a lane that crashes stops them all, and is re-raised.
-
-    Each lane claims its own batches, so one lane's database round trips overlap the
-    other's wait for broker confirms; per-key order holds across lanes as it does
-    across relay processes.
-    """
-    errors: list[BaseException] = []
-
-    def lane(relay: Relay) -> None:
-        try:
-            relay.run(stop)
-        except BaseException as exc:
-            errors.append(exc)
-            stop.set()
-
-    threads = [threading.Thread(target=lane, args=(r,), name=f"estafeta-relay-lane-{i}") for i, r in enumerate(relays)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(0.5)  # short joins: the main thread must stay free for signal handlers
-    if errors:
-        raise errors[0]
 
 
 COMMANDS = [relay_command]

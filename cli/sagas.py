@@ -11,21 +11,23 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 
+from estafeta import SagaError, SagaNotFound, Watchdog
+from sql import sagas
+
+from .context import current
+
 if TYPE_CHECKING:
-    from actors.saga import Saga
+    from estafeta import Saga
     from sql.sagas import SagaRow
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-_kind_option = click.option("--saga", "kind", help="The saga kind (default: the only one declared, `order`).")
+_kind_option = click.option(
+    "--saga", "kind", help="The saga kind (default: the app's only one; `order` in the order system)."
+)
 
 
 def _saga(kind: str | None) -> Saga:
-    from actors.saga import SagaNotFound, get_saga
-
-    try:
-        return get_saga(kind)
-    except SagaNotFound as exc:
-        raise click.BadParameter(str(exc), param_hint="--saga") from None
+    return current().saga(kind)
 
 
 def _row_json(row: SagaRow) -> dict[str, Any]:
@@ -49,9 +51,7 @@ def sagas_group() -> None:
 @_json_option
 def list_command(status: str | None, stuck: bool, limit: int, kind: str | None, as_json: bool) -> None:
     """The newest sagas first, with their current step and last error."""
-    from actors import runtime
-    from sql import sagas
-
+    runtime = current().runtime
     saga = _saga(kind)
     with runtime.database(saga.service).connection() as conn:
         rows = sagas.search(conn, saga.table, status=status, stuck=stuck, limit=limit)
@@ -73,9 +73,7 @@ def list_command(status: str | None, stuck: bool, limit: int, kind: str | None, 
 @_json_option
 def show_command(saga_id: uuid.UUID, kind: str | None, as_json: bool) -> None:
     """A saga's state and the timeline of its transitions."""
-    from actors import runtime
-    from sql import sagas
-
+    runtime = current().runtime
     saga = _saga(kind)
     with runtime.database(saga.service).connection() as conn:
         row = sagas.get(conn, saga.table, saga_id)
@@ -108,10 +106,7 @@ def resume_command(saga_ids: tuple[uuid.UUID, ...], kind: str | None, as_json: b
     Safe at any time: a participant that already handled a re-sent command absorbs it
     in its inbox. Give the ids of failed sagas once their cause is fixed.
     """
-    from actors import runtime
-    from actors.saga import SagaError, SagaNotFound
-    from sql import sagas
-
+    runtime = current().runtime
     saga = _saga(kind)
     database = runtime.database(saga.service)
     if not saga_ids:
@@ -142,9 +137,7 @@ def resume_command(saga_ids: tuple[uuid.UUID, ...], kind: str | None, as_json: b
 @_kind_option
 def abort_command(saga_id: uuid.UUID, reason: str, kind: str | None) -> None:
     """Compensate a running saga now, its current step included (not past its point of no return)."""
-    from actors import runtime
-    from actors.saga import SagaNotFound
-
+    runtime = current().runtime
     saga = _saga(kind)
     try:
         with runtime.database(saga.service).transaction() as conn:
@@ -165,10 +158,8 @@ def watch_command(once: bool, interval: float | None) -> None:
     Every `dramatiq actors` worker process already runs this watchdog; run it alone when
     the workers run elsewhere. Several watchdogs at once are safe.
     """
-    from actors import runtime
-    from actors.saga_watch import Watchdog
-
-    watchdog = Watchdog(runtime)
+    context = current()
+    watchdog = Watchdog(context.runtime, context.app.sagas)
     if once:
         done = watchdog.check_once()
         click.echo(", ".join(f"{k} {v}" for k, v in sorted(done.items())) or "nothing overdue")

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 import attrs
 import click
 
+from .context import order_system
+
 if TYPE_CHECKING:
-    from actors.runtime import Runtime
+    from estafeta import Runtime
 
 
 @attrs.frozen
@@ -69,11 +71,13 @@ def seed_command(customers: int, balance: int, skus: int, stock: int, prefix: st
 
     Customers are named c1, c2, ... and SKUs sku1, sku2, ... (after --prefix).
     """
-    from actors import runtime
+    context = order_system()
+    from actors import inventory, payments
 
+    runtime = context.runtime
     balances = {f"{prefix}c{i}": balance for i in range(1, customers + 1)}
     levels = {f"{prefix}sku{i}": stock for i in range(1, skus + 1)}
-    runtime.migrate(["payments", "inventory"])
+    runtime.migrate([payments.SERVICE, inventory.SERVICE])
     accounts, created = seed_services(runtime, balances, levels)
     if as_json:
         click.echo(json.dumps({"accounts_created": accounts, "skus_created": created}))

@@ -11,6 +11,7 @@ import functools
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from importlib import resources
 from typing import Any
 
 import attrs
@@ -20,6 +21,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from . import queries
+from .migrate import Migration
 
 #: Statuses of a saga that is still waiting for a reply.
 LIVE = ("running", "compensating")
@@ -87,6 +89,31 @@ class LogEntry:
     event: str
     detail: str | None
     at: datetime
+
+
+#: SQL types of saga keys, by the Python type of the data class's key field.
+KEY_TYPES = {uuid.UUID: "uuid", int: "bigint", str: "text"}
+
+
+def table_migration(table: SagaTable, key_type: str) -> Migration:
+    """The migration creating ``table``'s saga table and log (``CREATE ... IF NOT EXISTS``).
+
+    Its name, ``<table>/0001_tables.sql``, is what ``schema_migrations`` records.
+    """
+    if key_type not in KEY_TYPES.values():
+        raise ValueError(f"saga key type {key_type!r} is not one of {', '.join(KEY_TYPES.values())}")
+    text = resources.files(__package__).joinpath("saga_tables.sql").read_text(encoding="utf-8")
+    ddl = sql.SQL(text).format(
+        table=sql.Identifier(table.table),
+        log=sql.Identifier(table.log),
+        key=sql.Identifier(table.key),
+        key_type=sql.SQL(key_type),
+        live_index=sql.Identifier(f"{table.table}_live"),
+        key_index=sql.Identifier(f"{table.table}_{table.key}"),
+        started_index=sql.Identifier(f"{table.table}_started_at"),
+        log_index=sql.Identifier(f"{table.log}_saga"),
+    )
+    return Migration(f"{table.table}/0001_tables.sql", ddl.as_string())
 
 
 def names() -> list[str]:

@@ -13,18 +13,25 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 from psycopg import sql
 
-import actors  # noqa: F401  (declares every service and step)
-import examples.loyalty  # noqa: F401  (a service outside the package, tested like the others)
-from actors.runtime import Runtime
-from actors.services import all_services
-from actors.settings import Settings
-from actors.step import bind
 from brokers.publish import EnqueuePublisher
 from brokers.relay import Outbox, Relay, RelayConfig
-from tests import lock_steps, steps  # noqa: F401  (test-only steps, bound with the rest)
+from estafeta import App, Runtime, Service, Settings
+from examples.booking import app as booking_app
+from examples.loyalty.service import app as loyalty_app
+from examples.welcome.flow import app as welcome_app
 
+from .app import app as tests_app
 from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (Kafka fixtures, on Tansu)
 from .services import drop_redis_namespace, rabbitmq_vhost, redis_namespaced, scratch_database
+
+#: Every app the tests run: the order system with the probe service, and the examples.
+APPS: list[App] = [tests_app, loyalty_app, welcome_app, booking_app]
+
+
+def all_services() -> list[Service]:
+    """Every service of every app the tests run."""
+    return [service for app in APPS for service in app.services]
+
 
 #: Test settings: tiny backoffs so retries happen within a test.
 TEST_SETTINGS = {"max_retries": 3, "min_backoff_ms": 10, "max_backoff_ms": 50, "lock_timeout_ms": 2000}
@@ -35,7 +42,7 @@ def database_url() -> Iterator[str]:
     """A database of this run's own, with every service's migrations applied."""
     with scratch_database() as dsn:
         runtime = Runtime(Settings(database_url=dsn))
-        runtime.migrate()
+        runtime.migrate(all_services())
         runtime.close()
         yield dsn
 
@@ -88,11 +95,11 @@ def conn(database_url: str, runtime: Runtime) -> Iterator[psycopg.Connection[Any
 
 @pytest.fixture
 def stub_broker(runtime: Runtime) -> Iterator[StubBroker]:
-    """A fresh StubBroker with every step bound to it."""
+    """A fresh StubBroker with every step of the tests' apps bound to it."""
     broker = StubBroker()
     broker.emit_after("process_boot")
-    dramatiq.set_broker(broker)
-    bind(broker, runtime)
+    for app in APPS:
+        app.bind(broker, runtime)
     yield broker
     broker.flush_all()
     broker.close()
@@ -133,9 +140,7 @@ def running_relay(relay: Relay) -> Iterator[Relay]:
 
 @pytest.fixture(scope="session")
 def lock_tables(database_url: str) -> str:
-    """The run's database with the tables of the charge-like lock test step (tests/lock_steps.py)."""
-    with psycopg.connect(database_url, autocommit=True) as connection:
-        lock_steps.create_tables(connection)
+    """The run's database, with the tables of the charge-like lock test step (the probe service's)."""
     return database_url
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import dramatiq
 import psycopg
 
-from actors.messages import to_json
+from estafeta import to_json
 
 
 def message_for(

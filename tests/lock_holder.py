@@ -8,8 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
-from actors.runtime import Runtime
-from actors.settings import Settings
+from estafeta import Runtime, Settings
 
 
 def main() -> None:

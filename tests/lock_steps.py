@@ -1,8 +1,8 @@
 """A charge-like step for the lock tests: read a balance, think, write it back.
 
 Without a lock, two deliveries for the same order both read "not charged" and both
-charge: the double charge the locks exist to prevent. ``pingpong.test_charge`` holds the
-order's lock; ``pingpong.test_charge_unlocked`` is the same function without it.
+charge: the double charge the locks exist to prevent. ``probe.test_charge`` holds the
+order's lock; ``probe.test_charge_unlocked`` is the same function without it.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import attrs
 import psycopg
 
-from actors.errors import BusinessFailure
-from actors.locks import HeldLock, RedisLocks
-from actors.step import StepContext, step
+from estafeta import BusinessFailure, StepContext
+from estafeta._locks import HeldLock, RedisLocks
+
+from .probe import SERVICE
 
 
 @attrs.frozen
@@ -42,7 +42,7 @@ def order_lock(command: Charge) -> str:
 
 def _charge(ctx: StepContext, command: Charge) -> dict[str, bool]:
     row = ctx.conn.execute(
-        "SELECT balance_cents, charged FROM pingpong.test_accounts WHERE order_id = %s", (command.order_id,)
+        "SELECT balance_cents, charged FROM probe.test_accounts WHERE order_id = %s", (command.order_id,)
     ).fetchone()
     if row is None:
         raise BusinessFailure(f"no account for order {command.order_id}")
@@ -52,31 +52,23 @@ def _charge(ctx: StepContext, command: Charge) -> dict[str, bool]:
     time.sleep(command.think_ms / 1000)
     if not charged:
         ctx.conn.execute(
-            "UPDATE pingpong.test_accounts SET balance_cents = %s, charged = true WHERE order_id = %s",
+            "UPDATE probe.test_accounts SET balance_cents = %s, charged = true WHERE order_id = %s",
             (balance - command.amount_cents, command.order_id),
         )
     ctx.conn.execute(
-        "INSERT INTO pingpong.test_charges"
+        "INSERT INTO probe.test_charges"
         " (order_id, message_id, charged, amount_cents, fencing_token, worker_pid) VALUES (%s, %s, %s, %s, %s, %s)",
         (command.order_id, ctx.message_id, not charged, command.amount_cents, ctx.fencing_token, os.getpid()),
     )
     return {"charged": not charged}
 
 
-charge = step("pingpong", Charge, name="test_charge", lock=order_lock)(_charge)
-charge_unlocked = step("pingpong", Charge, name="test_charge_unlocked")(_charge)
-
-
-def create_tables(conn: psycopg.Connection[Any]) -> None:
-    """Create the step's tables (idempotent)."""
-    text = resources.files("tests").joinpath("sql", "lock_tables.sql").read_text(encoding="utf-8")
-    conn.execute(text.encode())
+charge = SERVICE.step(Charge, name="test_charge", lock=order_lock)(_charge)
+charge_unlocked = SERVICE.step(Charge, name="test_charge_unlocked")(_charge)
 
 
 def open_account(conn: psycopg.Connection[Any], order_id: uuid.UUID, balance_cents: int = 1000) -> None:
-    conn.execute(
-        "INSERT INTO pingpong.test_accounts (order_id, balance_cents) VALUES (%s, %s)", (order_id, balance_cents)
-    )
+    conn.execute("INSERT INTO probe.test_accounts (order_id, balance_cents) VALUES (%s, %s)", (order_id, balance_cents))
 
 
 @attrs.define
@@ -105,5 +97,5 @@ class UnfencedRedisLocks(RedisLocks):
 
 def charges(conn: psycopg.Connection[Any]) -> int:
     """How many times an order was charged (committed runs that found it not yet charged)."""
-    row = conn.execute("SELECT count(*) FROM pingpong.test_charges WHERE charged").fetchone()
+    row = conn.execute("SELECT count(*) FROM probe.test_charges WHERE charged").fetchone()
     return int(row[0]) if row else 0

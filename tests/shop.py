@@ -12,14 +12,13 @@ from psycopg.rows import dict_row
 
 from actors import inventory, payments
 from actors.order_saga import ORDER_SAGA, PlacedOrder, place_order
-from actors.registry import REGISTRY
-from actors.runtime import Runtime
-from actors.services import all_services
-from actors.step import deliver
 from brokers.publish import to_message
+from estafeta import Runtime, deliver
 from sql import sagas
 from sql.outbox import OutboxRow
 from sql.sagas import SagaRow
+from tests.app import STEPS
+from tests.app import app as tests_app
 
 
 def seed(runtime: Runtime, balances: Mapping[str, int], stock: Mapping[str, int]) -> None:
@@ -77,7 +76,7 @@ class Courier:
 
     def _waiting(self) -> list[tuple[str, OutboxRow]]:
         rows = []
-        for service in all_services():
+        for service in tests_app.services:
             with self.conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(
                     pgsql.SQL(
@@ -101,7 +100,7 @@ class Courier:
 
     def deliver(self, row: OutboxRow) -> str:
         """Run the row's message through its step, as a worker would; return the outcome."""
-        return deliver(REGISTRY.get(row.actor_name), self.runtime, to_message(row))
+        return deliver(STEPS[row.actor_name], self.runtime, to_message(row))
 
     def run(self, *, hold: frozenset[str] = frozenset(), limit: int = 500) -> list[tuple[str, str]]:
         """Deliver everything (but messages for ``hold`` actors) until nothing is left; return (actor, outcome)."""

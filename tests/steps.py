@@ -1,4 +1,4 @@
-"""Steps that exist only in the tests, on the pingpong service's schema."""
+"""Steps that exist only in the tests, on the probe service."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from collections import Counter
 
 import attrs
 
-from actors.errors import BusinessFailure
 from actors.pingpong import Pong
-from actors.step import StepContext, step
+from estafeta import BusinessFailure, StepContext
+
+from .probe import SERVICE
 
 
 @attrs.frozen
@@ -28,17 +29,17 @@ class Refuse:
     ping_id: uuid.UUID
 
 
-#: Attempts per ping id of ``pingpong.test_explode``.
+#: Attempts per ping id of ``probe.test_explode``.
 ATTEMPTS: Counter[uuid.UUID] = Counter()
 _attempts_lock = threading.Lock()
 
 
 def _record_and_send(ctx: StepContext, ping_id: uuid.UUID) -> None:
-    ctx.conn.execute("INSERT INTO pingpong.pings (ping_id, sent_at) VALUES (%s, now())", (ping_id,))
+    ctx.conn.execute("INSERT INTO probe.pings (ping_id, sent_at) VALUES (%s, now())", (ping_id,))
     ctx.send(Pong(ping_id))
 
 
-@step("pingpong", Explode, name="test_explode")
+@SERVICE.step(Explode, name="test_explode")
 def explode(ctx: StepContext, command: Explode) -> None:
     _record_and_send(ctx, command.ping_id)
     with _attempts_lock:
@@ -48,7 +49,7 @@ def explode(ctx: StepContext, command: Explode) -> None:
         raise RuntimeError(f"boom on attempt {attempt}")
 
 
-@step("pingpong", Refuse, name="test_refuse")
+@SERVICE.step(Refuse, name="test_refuse")
 def refuse(ctx: StepContext, command: Refuse) -> dict[str, str]:
     _record_and_send(ctx, command.ping_id)
     raise BusinessFailure("not enough money in account 42")

@@ -60,17 +60,20 @@ def test_bad_requests_get_a_one_line_400_and_send_nothing(runtime, conn) -> None
     assert scalar(conn, "SELECT count(*) FROM loyalty.outbox") == 0
 
 
-def test_cli_manages_a_service_it_imports(database_url: str, runtime) -> None:
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_manages_an_app_it_is_given(database_url: str, runtime) -> None:
     env = service_env(database_url, "stub://")
-    result = subprocess.run(
-        [sys.executable, "-m", "cli", "--import", "examples.loyalty", "outbox", "stats", "--service", "loyalty"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = _cli(env, "--app", "examples.loyalty", "outbox", "stats")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[1].startswith("loyalty")
-    missing = subprocess.run(
-        [sys.executable, "-m", "cli", "--import", "examples.nothing_here", "migrate"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["loyalty"]
+    by_variable = _cli({**env, "ESTAFETA_APP": "examples.loyalty"}, "outbox", "stats", "--service", "loyalty")
+    assert by_variable.returncode == 0, by_variable.stderr
+    missing = _cli(env, "--app", "examples.nothing_here", "migrate")
     assert missing.returncode == 2
-    assert missing.stderr.startswith("estafeta: Invalid value for --import: cannot import 'examples.nothing_here'")
+    assert missing.stderr.startswith("estafeta migrate: Invalid value for --app: cannot import 'examples.nothing_here'")
+    assert len(missing.stderr.splitlines()) == 1

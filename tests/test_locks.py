@@ -19,19 +19,18 @@ import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from actors.registry import REGISTRY, StepSpec
-from actors.runtime import Runtime
-from actors.settings import Settings
-from actors.step import bind, deliver
+from estafeta import Runtime, Settings, StepSpec, deliver
 from sql.errors import LockNotAcquired
 
+from .app import STEPS
+from .app import app as tests_app
 from .conftest import TEST_SETTINGS
 from .helpers import message_for, scalar, wait_until
 from .integration.processes import ROOT
 from .lock_steps import Charge, charges, open_account
 
-CHARGE = REGISTRY.get("pingpong.test_charge")
-CHARGE_UNLOCKED = REGISTRY.get("pingpong.test_charge_unlocked")
+CHARGE = STEPS["probe.test_charge"]
+CHARGE_UNLOCKED = STEPS["probe.test_charge_unlocked"]
 
 
 def lock_runtime(database_url: str, lock_url: str, **overrides: Any) -> Runtime:
@@ -80,8 +79,8 @@ def test_concurrent_deliveries_for_one_order_charge_it_once(locked: Runtime, con
     outcomes = charge_concurrently(locked, CHARGE, order_id)
     assert outcomes == ["ok"] * 8
     assert charges(conn) == 1
-    assert scalar(conn, "SELECT balance_cents FROM pingpong.test_accounts") == 900
-    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox") == 8
+    assert scalar(conn, "SELECT balance_cents FROM probe.test_accounts") == 900
+    assert scalar(conn, "SELECT count(*) FROM probe.inbox") == 8
 
 
 def test_without_the_lock_the_same_deliveries_charge_several_times(
@@ -138,7 +137,7 @@ def test_a_step_whose_lock_is_busy_is_retried_and_then_succeeds(
     rt = lock_runtime(lock_tables, lock_url, lock_timeout_ms=100, max_retries=100, min_backoff_ms=20)
     broker = StubBroker()
     broker.emit_after("process_boot")
-    bind(broker, rt)
+    tests_app.bind(broker, rt)
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
     worker.start()
     order_id = uuid.uuid4()
@@ -148,12 +147,12 @@ def test_a_step_whose_lock_is_busy_is_retried_and_then_succeeds(
             broker.enqueue(message_for(CHARGE.actor_name, Charge(order_id)))
             # Each delivery is counted before it starts: a second one means a retry.
             wait_until(
-                lambda: (scalar(conn, "SELECT max(attempts) FROM pingpong.inbox_attempts") or 0) >= 2,
+                lambda: (scalar(conn, "SELECT max(attempts) FROM probe.inbox_attempts") or 0) >= 2,
                 what="the charge to fail on the busy lock and be retried",
             )
             assert charges(conn) == 0
         wait_until(lambda: charges(conn) == 1, what="the charge")
-        assert scalar(conn, "SELECT count(*) FROM pingpong.dead_letters") == 0
+        assert scalar(conn, "SELECT count(*) FROM probe.dead_letters") == 0
     finally:
         worker.stop()
         broker.close()

@@ -19,19 +19,18 @@ import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from actors.redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
-from actors.registry import REGISTRY
-from actors.runtime import Runtime
-from actors.step import bind, deliver
+from estafeta import LockLost, LockServerUnavailable, RedisLock, Redlock, Runtime, deliver, redis_lock
 from sql import fences
 from sql.errors import LockNotAcquired
+from tests.app import STEPS
+from tests.app import app as tests_app
 
 from .helpers import message_for, scalar, wait_until
 from .lock_steps import Charge, charges, open_account
 from .redis_servers import RedisServer, free_port, redis_servers
 from .test_locks import holding, lock_runtime
 
-CHARGE = REGISTRY.get("pingpong.test_charge")
+CHARGE = STEPS["probe.test_charge"]
 
 
 @pytest.fixture
@@ -168,7 +167,7 @@ def test_redis_down_makes_the_step_fail_and_retry_until_it_is_back(
     rt = lock_runtime(lock_tables, server.url, max_retries=100, min_backoff_ms=50, max_backoff_ms=100)
     broker = StubBroker()
     broker.emit_after("process_boot")
-    bind(broker, rt)
+    tests_app.bind(broker, rt)
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
     worker.start()
     order_id = uuid.uuid4()
@@ -180,7 +179,7 @@ def test_redis_down_makes_the_step_fail_and_retry_until_it_is_back(
         # ...and through a worker it is retried with backoff, not lost, until Redis is back.
         broker.enqueue(message_for(CHARGE.actor_name, Charge(order_id)))
         wait_until(
-            lambda: (scalar(conn, "SELECT max(attempts) FROM pingpong.inbox_attempts") or 0) >= 3,
+            lambda: (scalar(conn, "SELECT max(attempts) FROM probe.inbox_attempts") or 0) >= 3,
             what="retries while Redis is down",
         )
         assert charges(conn) == 0
@@ -209,12 +208,12 @@ def test_a_guarded_transaction_rolls_back_once_a_newer_token_was_recorded(
 ) -> None:
     fences.advance(conn, "pingpong", "order:g", 1)
     with psycopg.connect(lock_tables) as stale:
-        stale.execute("INSERT INTO pingpong.test_accounts (order_id, balance_cents) VALUES (%s, 1)", (uuid.uuid4(),))
+        stale.execute("INSERT INTO probe.test_accounts (order_id, balance_cents) VALUES (%s, 1)", (uuid.uuid4(),))
         fences.advance(conn, "pingpong", "order:g", 2)  # a successor, while the stale holder works
         with pytest.raises(fences.StaleFencingToken, match=r"token 1 is stale \(token 2 was recorded since"):
             fences.check(stale, "pingpong", "order:g", 1)
         stale.rollback()
-    assert scalar(conn, "SELECT count(*) FROM pingpong.test_accounts") == 0
+    assert scalar(conn, "SELECT count(*) FROM probe.test_accounts") == 0
 
 
 def test_a_successor_waits_for_a_checked_transaction_to_commit_before_it_reads(

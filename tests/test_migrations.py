@@ -12,14 +12,15 @@ import psycopg
 import pytest
 from psycopg import pq, sql
 
-from actors.runtime import Runtime
-from actors.saga import SAGAS
-from actors.services import all_services
-from actors.settings import Settings
+from actors.app import app as order_system
+from estafeta import Runtime, Settings
 from sql import queries, sagas
 
+from .conftest import all_services
 from .integration.processes import ROOT, service_env
 from .services import scratch_database
+
+SAGAS = {saga.name: saga for saga in order_system.sagas}
 
 #: The columns operators and other tools query: the issue fixes their names.
 OUTBOX_COLUMNS = {
@@ -79,8 +80,8 @@ def test_every_saga_query_compiles_against_the_saga_tables(saga: str, name: str,
 def test_applying_twice_applies_nothing_the_second_time(database_url: str) -> None:
     runtime = Runtime(Settings(database_url=database_url))
     try:
-        assert all(names == [] for names in runtime.migrate().values())
-        assert all(names == [] for names in runtime.migrate(check=True).values())
+        assert all(names == [] for names in runtime.migrate(all_services()).values())
+        assert all(names == [] for names in runtime.migrate(all_services(), check=True).values())
     finally:
         runtime.close()
 
@@ -89,7 +90,7 @@ def test_services_can_live_in_separate_databases() -> None:
     with scratch_database() as main_dsn, scratch_database() as pingpong_dsn:
         runtime = Runtime(Settings(database_url=main_dsn, service_database_urls={"pingpong": pingpong_dsn}))
         try:
-            runtime.migrate()
+            order_system.migrate(runtime)
         finally:
             runtime.close()
         with psycopg.connect(pingpong_dsn) as conn:
@@ -100,7 +101,7 @@ def test_services_can_live_in_separate_databases() -> None:
 
 def _estafeta(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", "--import", "examples.loyalty", *args],
+        [sys.executable, "-m", "cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -122,7 +123,7 @@ def test_check_exits_1_while_pending_and_four_migrators_at_once_apply_each_file_
 
         assert _estafeta(env, "migrate", "--check").returncode == 0
         with psycopg.connect(dsn) as conn:
-            for service in all_services():
+            for service in order_system.services:
                 query = sql.SQL("SELECT name FROM {}.schema_migrations").format(sql.Identifier(service.name))
                 names = conn.execute(query).fetchall()
                 assert sorted(n for (n,) in names) == sorted(m.name for m in service.migrations())

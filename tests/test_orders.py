@@ -12,9 +12,8 @@ from actors.notifications import NotifyCustomer
 from actors.order_saga import IdempotencyConflict, place_order
 from actors.orders import CancelOrder, ConfirmOrder
 from actors.payments import AccountGone, ChargePayment, RefundPayment
-from actors.registry import REGISTRY
-from actors.runtime import Runtime
-from actors.step import deliver
+from estafeta import Runtime, deliver
+from tests.app import STEPS
 
 from .helpers import message_for, scalar
 from .shop import place, seed
@@ -22,7 +21,7 @@ from .shop import place, seed
 
 def run(runtime: Runtime, actor: str, command: object) -> str:
     """Deliver ``command`` to ``actor`` as a fresh message (a new message id: not an inbox duplicate)."""
-    return deliver(REGISTRY.get(actor), runtime, message_for(actor, command))
+    return deliver(STEPS[actor], runtime, message_for(actor, command))
 
 
 def balance(conn, customer: str = "c1") -> int:

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from actors.runtime import Runtime
 from brokers.relay import Relay
+from estafeta import Runtime
 from sql import outbox as store
 
 from .conftest import make_relay

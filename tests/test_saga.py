@@ -9,10 +9,8 @@ import attrs
 import pytest
 
 from actors.order_saga import ORDER_SAGA
-from actors.runtime import Runtime
-from actors.saga import REPLIES, Saga, SagaError, SagaStep
-from actors.saga_watch import Watchdog
-from actors.step import Reply
+from estafeta import Reply, Runtime, Saga, SagaError, SagaStep, Service, Watchdog
+from estafeta._saga import REPLIES
 
 from .helpers import message_for, scalar
 from .shop import Courier, events, place, saga, seed
@@ -446,4 +444,4 @@ def _command(_state: object) -> object:
 )
 def test_a_malformed_saga_is_refused_when_declared(steps: list[SagaStep], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Saga("malformed", service="orders", data=dict, key="order_id", steps=steps)
+        Saga("malformed", service=Service("scratch"), data=dict, key="order_id", steps=steps)

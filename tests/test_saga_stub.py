@@ -14,11 +14,10 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 
 from actors.order_saga import ORDER_SAGA, reconcile
-from actors.runtime import Runtime
-from actors.saga_watch import Watchdog
 from brokers.relay import Relay
 from cli.demo import DuplicatingPublisher
 from cli.seed import plan_orders
+from estafeta import Runtime, Watchdog
 from sql import sagas
 
 from .conftest import make_relay

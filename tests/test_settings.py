@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.errors import SettingsError
-from actors.settings import Settings
 from brokers import redact_url
+from estafeta import Settings, SettingsError
 
 
 def test_defaults_need_no_configuration() -> None:

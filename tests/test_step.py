@@ -8,17 +8,16 @@ import uuid
 import pytest
 
 from actors.pingpong import Ping
-from actors.registry import REGISTRY
-from actors.runtime import Runtime
-from actors.step import deliver
+from estafeta import Runtime, deliver
 from sql import inbox
+from tests.app import STEPS
 
 from .helpers import message_for, now, scalar, wait_until
 from .steps import ATTEMPTS, Explode, Refuse
 
-PING = REGISTRY.get("pingpong.ping")
-EXPLODE = REGISTRY.get("pingpong.test_explode")
-REFUSE = REGISTRY.get("pingpong.test_refuse")
+PING = STEPS["pingpong.ping"]
+EXPLODE = STEPS["probe.test_explode"]
+REFUSE = STEPS["probe.test_refuse"]
 
 
 def test_change_and_outgoing_message_commit_together(runtime: Runtime, conn) -> None:
@@ -34,7 +33,7 @@ def test_change_and_outgoing_message_commit_together(runtime: Runtime, conn) -> 
 
 def test_exception_after_send_leaves_neither_change_nor_outbox_row(runtime: Runtime, conn) -> None:
     ping_id = uuid.uuid4()
-    message = message_for("pingpong.test_explode", Explode(ping_id))
+    message = message_for("probe.test_explode", Explode(ping_id))
     with pytest.raises(RuntimeError, match="boom"):
         deliver(EXPLODE, runtime, message)
     assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
@@ -92,47 +91,47 @@ def test_message_id_that_is_not_a_uuid_is_dead_lettered(runtime: Runtime, conn) 
 
 
 def test_business_failure_rolls_back_the_step_but_is_not_retried(runtime: Runtime, conn) -> None:
-    message = message_for("pingpong.test_refuse", Refuse(uuid.uuid4()))
+    message = message_for("probe.test_refuse", Refuse(uuid.uuid4()))
     assert deliver(REFUSE, runtime, message) == "failed"
-    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
-    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
-    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox") == 1
-    assert "not enough money" in inbox.list_dead_letters(conn, "pingpong")[0]["reason"]
+    assert scalar(conn, "SELECT count(*) FROM probe.pings") == 0
+    assert scalar(conn, "SELECT count(*) FROM probe.outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM probe.inbox") == 1
+    assert "not enough money" in inbox.list_dead_letters(conn, "probe")[0]["reason"]
     assert deliver(REFUSE, runtime, message) == "duplicate"
 
 
 def test_business_failure_answers_the_sender_that_asked(runtime: Runtime, conn) -> None:
     reply_to = {"actor": "orders.saga_reply", "queue": "orders", "context": {"step": "charge", "version": 3}}
-    message = message_for("pingpong.test_refuse", Refuse(uuid.uuid4()), reply_to=reply_to)
+    message = message_for("probe.test_refuse", Refuse(uuid.uuid4()), reply_to=reply_to)
     assert deliver(REFUSE, runtime, message) == "failed"
-    row = conn.execute("SELECT actor_name, message FROM pingpong.outbox").fetchone()
+    row = conn.execute("SELECT actor_name, message FROM probe.outbox").fetchone()
     assert row[0] == "orders.saga_reply"
     reply = row[1]["args"][0]
     assert reply["ok"] is False and reply["context"] == {"step": "charge", "version": 3}
     assert reply["in_reply_to"] == message.message_id
     assert "not enough money" in reply["error"]
-    assert inbox.list_dead_letters(conn, "pingpong") == []
+    assert inbox.list_dead_letters(conn, "probe") == []
 
 
 def test_transient_failure_is_retried_until_it_succeeds_once(runtime: Runtime, conn, stub_broker, stub_worker) -> None:
     ping_id = uuid.uuid4()
-    stub_broker.enqueue(message_for("pingpong.test_explode", Explode(ping_id, times=2)))
-    wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.pings") == 1, what="the third attempt")
-    stub_broker.join("pingpong", timeout=10_000)
+    stub_broker.enqueue(message_for("probe.test_explode", Explode(ping_id, times=2)))
+    wait_until(lambda: scalar(conn, "SELECT count(*) FROM probe.pings") == 1, what="the third attempt")
+    stub_broker.join("probe", timeout=10_000)
     assert ATTEMPTS[ping_id] == 3
-    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 1
+    assert scalar(conn, "SELECT count(*) FROM probe.outbox") == 1
 
 
 def test_failing_every_retry_is_dead_lettered_and_not_lost(runtime: Runtime, conn, stub_broker, stub_worker) -> None:
     ping_id = uuid.uuid4()
-    stub_broker.enqueue(message_for("pingpong.test_explode", Explode(ping_id)))
-    wait_until(lambda: bool(inbox.list_dead_letters(conn, "pingpong")), what="the dead letter")
-    stub_broker.join("pingpong", timeout=10_000)
-    (letter,) = inbox.list_dead_letters(conn, "pingpong")
+    stub_broker.enqueue(message_for("probe.test_explode", Explode(ping_id)))
+    wait_until(lambda: bool(inbox.list_dead_letters(conn, "probe")), what="the dead letter")
+    stub_broker.join("probe", timeout=10_000)
+    (letter,) = inbox.list_dead_letters(conn, "probe")
     assert "failed 4 times" in letter["reason"] and "boom" in letter["reason"]
     assert letter["message"]["args"] == [{"ping_id": str(ping_id), "times": -1}]
     assert ATTEMPTS[ping_id] == 4  # max_retries=3 in the tests' settings
-    assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 0
+    assert scalar(conn, "SELECT count(*) FROM probe.pings") == 0
 
 
 def test_message_that_keeps_killing_its_worker_is_parked(runtime: Runtime, conn) -> None:

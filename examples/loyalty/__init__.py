@@ -1,9 +1,16 @@
-"""A custom service outside the estafeta package, and an idempotent HTTP endpoint in front of it.
+"""A service outside estafeta, and an idempotent HTTP endpoint in front of it: an app of its own.
 
-Serve it with ``dramatiq examples.loyalty`` (it imports ``actors`` first, so every built-in
-service is served too), and manage it with ``estafeta --import examples.loyalty migrate``
-and ``estafeta --import examples.loyalty relay``. ``python -m examples.loyalty.http``
-starts the HTTP endpoint.
+Serve it with ``dramatiq examples.loyalty``, manage it with ``estafeta --app
+examples.loyalty migrate`` and ``estafeta --app examples.loyalty relay``;
+``python -m examples.loyalty.http`` starts the HTTP endpoint. Importing this package
+binds the app to the broker of the ``ESTAFETA_*`` settings, as ``dramatiq`` needs.
 """
 
-from . import service as service
+from __future__ import annotations
+
+from .service import app
+
+#: The loyalty app bound to this process's broker.
+binding = app.bind()
+
+__all__ = ["app", "binding"]

@@ -15,11 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import make_server
 
-import actors
-from actors.errors import InvalidMessage
-from actors.messages import from_json
-from actors.runtime import Runtime
-from sql.errors import DatabaseError
+from estafeta import DatabaseError, InvalidMessage, Runtime, from_json
 
 from .service import SERVICE, AwardPoints, request_award
 
@@ -63,6 +59,8 @@ def _answer(start_response: StartResponse, status: str, body: dict[str, Any]) ->
 
 if __name__ == "__main__":
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 8080
-    with make_server("127.0.0.1", port, make_app(actors.runtime)) as server:
+    from . import binding
+
+    with make_server("127.0.0.1", port, make_app(binding.runtime)) as server:
         print(f"loyalty awards on http://127.0.0.1:{port}/awards")
         server.serve_forever()

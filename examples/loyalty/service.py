@@ -1,4 +1,4 @@
-"""The loyalty service: a service declared outside the package, with its own migrations."""
+"""The loyalty app: one service declared outside estafeta, with its own migrations."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 import attrs
 import psycopg
 
-import actors
-from actors import outbox
-from actors.services import declare_service
-from actors.step import StepContext, bind, step
+from estafeta import App, Service, StepContext
 
-SERVICE = declare_service("loyalty", migration_dirs=[Path(__file__).parent / "migrations"])
+SERVICE = Service("loyalty", migrations=Path(__file__).parent / "migrations")
+
+#: The loyalty app: its one service.
+app = App("loyalty", services=[SERVICE])
 
 
 @attrs.frozen
@@ -25,7 +25,7 @@ class AwardPoints:
     points: int = attrs.field(validator=attrs.validators.gt(0))
 
 
-@step("loyalty", AwardPoints, lock=lambda command: f"loyalty:{command.customer_id}")
+@SERVICE.step(AwardPoints, lock=lambda command: f"loyalty:{command.customer_id}")
 def award(ctx: StepContext, command: AwardPoints) -> None:
     """Add the points; the inbox makes a redelivered award count once."""
     ctx.conn.execute(
@@ -52,7 +52,7 @@ def request_award(conn: psycopg.Connection[Any], idempotency_key: str, command: 
         ).fetchone()
         assert row is not None
         return row[0], False
-    outbox.send(conn, command, service=SERVICE.name, message_id=message_id)
+    SERVICE.send(conn, command, message_id=message_id)
     return message_id, True
 
 
@@ -60,7 +60,3 @@ def points(conn: psycopg.Connection[Any], customer_id: str) -> int:
     """The customer's points (0 for an unknown customer)."""
     row = conn.execute("SELECT points FROM loyalty.members WHERE customer_id = %s", (customer_id,)).fetchone()
     return int(row[0]) if row else 0
-
-
-# Bind the new step to the broker `actors` set up (the built-in steps are already bound).
-bind(actors.broker, actors.runtime)

@@ -11,18 +11,16 @@ from collections.abc import Iterator
 
 import click
 
-import actors
-from cli.inprocess import running
-from cli.relay import build_relay
+from estafeta import build_relay, running
 
-from . import flow
+from . import binding, flow
 
 
 @contextlib.contextmanager
 def _relaying() -> Iterator[None]:
-    # On a real broker the workers run elsewhere (`dramatiq examples.welcome.flow`);
+    # On a real broker the workers run elsewhere (`dramatiq examples.welcome`);
     # this process relays the outboxes (it is not a worker, so that is allowed).
-    relay = build_relay(actors.runtime, actors.broker, [], poll_interval=0.2)
+    relay = build_relay(binding.runtime, binding.broker, flow.app.service_names, poll_interval=0.2)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
     thread.start()
@@ -39,10 +37,10 @@ def _relaying() -> Iterator[None]:
 @click.option("--json", "as_json", is_flag=True, help="Print each customer's journey as JSON.")
 def main(customers: int, timeout: float, as_json: bool) -> None:
     """Register CUSTOMERS customers; each gets a welcome bonus, then a welcome mail."""
-    runtime = actors.runtime
-    runtime.migrate()
-    stub = actors.settings.broker_url.startswith("stub:")
-    harness = running(runtime, actors.broker) if stub else _relaying()
+    runtime = binding.runtime
+    flow.app.migrate(runtime)
+    stub = runtime.settings.broker_url.startswith("stub:")
+    harness = running(binding) if stub else _relaying()
     with harness:
         registered = []
         with runtime.database("customers").transaction() as conn:

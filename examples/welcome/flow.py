@@ -1,7 +1,6 @@
-"""The three services of the welcome flow and their steps.
+"""The welcome app: three services, their steps, and the events that chain them.
 
-``dramatiq examples.welcome.flow`` serves them (with every built-in service, since it
-imports ``actors`` first).
+``dramatiq examples.welcome`` serves them, and only them.
 """
 
 from __future__ import annotations
@@ -13,13 +12,15 @@ from typing import Any
 import attrs
 import psycopg
 
-import actors
-from actors import outbox
-from actors.services import declare_service
-from actors.step import StepContext, bind, step
+from estafeta import App, Service, StepContext
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
-SERVICES = [declare_service(name, migration_dirs=[_MIGRATIONS / name]) for name in ("customers", "bonus", "mailer")]
+customers = Service("customers", migrations=_MIGRATIONS / "customers")
+bonus = Service("bonus", migrations=_MIGRATIONS / "bonus")
+mailer = Service("mailer", migrations=_MIGRATIONS / "mailer")
+
+#: The welcome flow: choreography between three services, no orchestrator.
+app = App("welcome", services=[customers, bonus, mailer])
 
 #: Points of the welcome bonus.
 WELCOME_POINTS = 100
@@ -49,11 +50,11 @@ def register_customer(conn: psycopg.Connection[Any], email: str) -> tuple[uuid.U
     """
     customer_id, saga_id = uuid.uuid4(), uuid.uuid4()
     conn.execute("INSERT INTO customers.customers (customer_id, email) VALUES (%s, %s)", (customer_id, email))
-    outbox.publish(conn, CustomerRegistered(customer_id, email), service="customers", saga_id=saga_id)
+    customers.publish(conn, CustomerRegistered(customer_id, email), saga_id=saga_id)
     return customer_id, saga_id
 
 
-@step("bonus", CustomerRegistered, name="activate_welcome_bonus")
+@bonus.step(CustomerRegistered, name="activate_welcome_bonus")
 def activate_welcome_bonus(ctx: StepContext, event: CustomerRegistered) -> None:
     """Give the new customer their welcome bonus, once, and announce it."""
     activated = ctx.conn.execute(
@@ -65,7 +66,7 @@ def activate_welcome_bonus(ctx: StepContext, event: CustomerRegistered) -> None:
         ctx.publish(BonusActivated(event.customer_id, event.email, WELCOME_POINTS))
 
 
-@step("mailer", BonusActivated, name="send_welcome")
+@mailer.step(BonusActivated, name="send_welcome")
 def send_welcome(ctx: StepContext, event: BonusActivated) -> None:
     """Send the welcome mail, once (the primary key absorbs a second one)."""
     ctx.conn.execute(
@@ -74,7 +75,7 @@ def send_welcome(ctx: StepContext, event: BonusActivated) -> None:
     )
 
 
-@step("customers", BonusActivated, name="record_bonus")
+@customers.step(BonusActivated, name="record_bonus")
 def record_bonus(ctx: StepContext, event: BonusActivated) -> None:
     """Note the bonus on the customer: a second subscriber of the same event."""
     ctx.conn.execute(
@@ -93,7 +94,3 @@ def journeys(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     ).fetchall()
     keys = ("customer_id", "email", "bonus_saga_id", "bonus_points", "mail_saga_id", "recorded_points")
     return [dict(zip(keys, (str(v) if isinstance(v, uuid.UUID) else v for v in row), strict=True)) for row in rows]
-
-
-# Bind the new steps to the broker `actors` set up (the built-in steps are already bound).
-bind(actors.broker, actors.runtime)

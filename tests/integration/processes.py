@@ -33,13 +33,15 @@ def service_env(database_url: str, broker_url: str, **extra: str) -> dict[str, s
 class Process:
     """A child process in its own process group, with its output kept in a log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path, *, cwd: Path = ROOT
+    ) -> None:
         self.name = name
         self.log = log_dir / f"{name}-{time.monotonic_ns()}.log"
         self._log_file = self.log.open("wb")
         self.popen = subprocess.Popen(
             list(argv),
-            cwd=ROOT,
+            cwd=cwd,
             env=dict(env),
             stdout=self._log_file,
             stderr=subprocess.STDOUT,

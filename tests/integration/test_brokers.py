@@ -28,12 +28,12 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 
 
 def _ping_through_outbox(conn: psycopg.Connection[object], count: int) -> list[uuid.UUID]:
-    from actors import outbox
+    from actors.pingpong import SERVICE as pingpong_service
 
     ids = [uuid.uuid4() for _ in range(count)]
     with conn.transaction():
         for ping_id in ids:
-            outbox.send(conn, Ping(ping_id, now()), service="pingpong")
+            pingpong_service.send(conn, Ping(ping_id, now()))
     return ids
 
 

@@ -1,6 +1,6 @@
 """Locks across real worker processes on RabbitMQ and Redis, and a holder stopped with SIGSTOP.
 
-Workers are ``dramatiq tests.integration.worker_locks`` processes running the charge-like
+Workers are ``dramatiq tests.worker`` processes running the charge-like
 step of tests/lock_steps.py; messages are enqueued straight to the broker.
 """
 
@@ -15,10 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from actors.registry import REGISTRY
-from actors.runtime import Runtime
-from actors.step import deliver
 from brokers import broker_from_url
+from estafeta import Runtime, deliver
+from tests.app import STEPS
 
 from ..helpers import message_for, scalar, wait_until
 from ..lock_steps import Charge, charges, open_account
@@ -27,7 +26,7 @@ from . import processes
 
 pytestmark = pytest.mark.integration
 
-CHARGE = REGISTRY.get("pingpong.test_charge")
+CHARGE = STEPS["probe.test_charge"]
 #: The lease of the SIGSTOP tests: short, so that the stopped holder outlives it quickly.
 LEASE_MS = 1000
 
@@ -40,7 +39,7 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 def enqueue(broker_url: str, messages: list[Any]) -> None:
     broker = broker_from_url(broker_url)
     try:
-        broker.declare_queue("pingpong")
+        broker.declare_queue("probe")
         for message in messages:
             broker.enqueue(message)
     finally:
@@ -59,13 +58,13 @@ def charge_from_two_processes(
     env: dict[str, str], broker_url: str, actor_name: str, order_id: uuid.UUID, conn: Any, tmp_path: Path
 ) -> None:
     """16 charges of one order, delivered to 8 threads in 2 worker processes at once."""
-    module = "tests.integration.worker_locks"
+    module = "tests.worker"
     with processes.running(processes.workers(env, tmp_path, processes=2, threads=4, module=module)) as (worker,):
         wait_ready(worker, 2)
         messages = [message_for(actor_name, Charge(order_id, think_ms=50)) for _ in range(16)]
         enqueue(broker_url, messages)
         wait_until(
-            lambda: scalar(conn, "SELECT count(*) FROM pingpong.test_charges") == 16,
+            lambda: scalar(conn, "SELECT count(*) FROM probe.test_charges") == 16,
             timeout=90,
             what="all 16 deliveries to commit",
         )
@@ -77,11 +76,11 @@ def test_eight_threads_in_two_processes_charge_an_order_once(
     order_id = uuid.uuid4()
     open_account(conn, order_id, 1000)
     env = processes.service_env(lock_tables, broker_url, ESTAFETA_LOCK_URL=lock_url)
-    charge_from_two_processes(env, broker_url, "pingpong.test_charge", order_id, conn, tmp_path)
+    charge_from_two_processes(env, broker_url, "probe.test_charge", order_id, conn, tmp_path)
     assert charges(conn) == 1
-    assert scalar(conn, "SELECT balance_cents FROM pingpong.test_accounts") == 900
+    assert scalar(conn, "SELECT balance_cents FROM probe.test_accounts") == 900
     # Both processes took part: the serialisation held across processes, not only threads.
-    assert scalar(conn, "SELECT count(DISTINCT worker_pid) FROM pingpong.test_charges") == 2
+    assert scalar(conn, "SELECT count(DISTINCT worker_pid) FROM probe.test_charges") == 2
 
 
 def test_without_the_lock_eight_threads_in_two_processes_charge_an_order_several_times(
@@ -91,7 +90,7 @@ def test_without_the_lock_eight_threads_in_two_processes_charge_an_order_several
     order_id = uuid.uuid4()
     open_account(conn, order_id, 1000)
     env = processes.service_env(lock_tables, amqp_url)
-    charge_from_two_processes(env, amqp_url, "pingpong.test_charge_unlocked", order_id, conn, tmp_path)
+    charge_from_two_processes(env, amqp_url, "probe.test_charge_unlocked", order_id, conn, tmp_path)
     assert charges(conn) > 1
 
 
@@ -124,7 +123,7 @@ def stop_a_holder_past_its_lease(
             worker.kill(signal.SIGCONT)
             successor.close()
         wait_until(
-            lambda: scalar(conn, "SELECT count(*) FROM pingpong.inbox WHERE message_id = %s", first.message_id) == 1,
+            lambda: scalar(conn, "SELECT count(*) FROM probe.inbox WHERE message_id = %s", first.message_id) == 1,
             what="the stopped holder's message to be done",
         )
         return worker.output()
@@ -133,15 +132,13 @@ def stop_a_holder_past_its_lease(
 def test_a_holder_stopped_past_its_lease_is_fenced_off_and_rolled_back(
     broker_url: str, redis_url: str, lock_tables: str, runtime: Runtime, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
-    output = stop_a_holder_past_its_lease(
-        "tests.integration.worker_locks", broker_url, redis_url, lock_tables, conn, tmp_path
-    )
+    output = stop_a_holder_past_its_lease("tests.worker", broker_url, redis_url, lock_tables, conn, tmp_path)
     assert charges(conn) == 1
-    assert scalar(conn, "SELECT balance_cents FROM pingpong.test_accounts") == 900
+    assert scalar(conn, "SELECT balance_cents FROM probe.test_accounts") == 900
     # Its write was refused and rolled back; its retry (a new lease, a newer token) found
     # the order charged and changed nothing.
     assert "StaleFencingToken" in output
-    tokens = [row[0] for row in conn.execute("SELECT fencing_token FROM pingpong.test_charges ORDER BY id")]
+    tokens = [row[0] for row in conn.execute("SELECT fencing_token FROM probe.test_charges ORDER BY id")]
     assert len(tokens) == 2 and tokens[0] < tokens[1]
 
 
@@ -153,5 +150,5 @@ def test_without_fencing_a_holder_stopped_past_its_lease_charges_again(
         "tests.integration.worker_unfenced", redis_url, redis_url, lock_tables, conn, tmp_path
     )
     assert charges(conn) == 2
-    assert scalar(conn, "SELECT balance_cents FROM pingpong.test_accounts") == 900  # a lost update, too
+    assert scalar(conn, "SELECT balance_cents FROM probe.test_accounts") == 900  # a lost update, too
     assert "StaleFencingToken" not in output

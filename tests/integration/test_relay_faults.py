@@ -35,11 +35,11 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 
 
 def pings(conn: psycopg.Connection[object], count: int) -> None:
-    from actors import outbox
+    from actors.pingpong import SERVICE as pingpong_service
 
     with conn.transaction():
         for _ in range(count):
-            outbox.send(conn, Ping(uuid.uuid4(), now()), service="pingpong")
+            pingpong_service.send(conn, Ping(uuid.uuid4(), now()))
 
 
 def all_ponged_once(conn: psycopg.Connection[object], count: int) -> bool:

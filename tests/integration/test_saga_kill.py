@@ -3,7 +3,7 @@
 Orders are placed with `estafeta orders place --count`; the workers and the relay are
 killed while sagas run, the workers again while sagas compensate, and everything is
 restarted. Every saga must end completed or compensated, nobody charged twice, money
-and stock conserved (examples/kill_and_recover.py is the same run at full size).
+and stock conserved (actors/kill_and_recover.py is the same run at full size).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.kill_and_recover import KillAndRecover, Plan
+from actors.kill_and_recover import KillAndRecover, Plan
 
 pytestmark = pytest.mark.integration
 

@@ -4,9 +4,8 @@ The control of the SIGSTOP test: the same scenario with this worker must double-
 which proves that the fencing (not luck or timing) is what prevents it.
 """
 
-import actors
-from actors.step import bind
 from tests import lock_steps
+from tests.app import app
 
-actors.runtime._locks = lock_steps.UnfencedRedisLocks.from_settings(actors.settings)
-bind(actors.broker, actors.runtime)
+binding = app.bind()
+binding.runtime._locks = lock_steps.UnfencedRedisLocks.from_settings(binding.settings)

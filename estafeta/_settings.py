@@ -14,11 +14,13 @@ import attrs
 from brokers import check_url, redact_url
 from sql.pool import check_dsn
 
-from .errors import SettingsError
+from ._errors import SettingsError
 
 #: A TOML file with the same settings (keys are the variable names without the
 #: ``ESTAFETA_`` prefix, lower-cased); the environment wins over it.
 CONFIG_FILE_VARIABLE = "ESTAFETA_CONFIG"
+#: The app the ``estafeta`` command works on (read by the CLI, not a runtime setting).
+APP_VARIABLE = "ESTAFETA_APP"
 
 _SERVICE_DSN = re.compile(r"^ESTAFETA_([A-Z][A-Z0-9_]*)_DATABASE_URL$")
 
@@ -93,7 +95,7 @@ class Settings:
         values: dict[str, Any] = {}
         overrides: dict[str, str] = {}
         for name, value in {**_from_file(env), **env}.items():
-            if not name.startswith("ESTAFETA_") or name == CONFIG_FILE_VARIABLE:
+            if not name.startswith("ESTAFETA_") or name in (CONFIG_FILE_VARIABLE, APP_VARIABLE):
                 continue
             suffix = name.removeprefix("ESTAFETA_")
             match = _SERVICE_DSN.match(name)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 
-from .errors import InvalidMessage
+from ._errors import InvalidMessage
 
 T = TypeVar("T")
 

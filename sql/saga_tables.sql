@@ -1,19 +1,23 @@
--- The order saga's state (the shape every saga table of actors/saga.py has: saga_<name>
--- with a key column, here order_id). Nothing about a saga lives only in memory: its
--- current step, its deadline and what its steps answered are here, so any process can
--- resume it after a crash.
-CREATE TABLE saga_order (
+-- The tables of one saga kind, generated for each Saga an app declares (sql/sagas.py:
+-- table_migration). Applied with search_path set to the owning service's schema; the
+-- table, log, key and index names are bound as identifiers, the key's type as a type name.
+-- IF NOT EXISTS: a database whose tables came from a hand-written migration of the
+-- same shape (the order system's before 0.2) records this one and changes nothing.
+
+-- Nothing about a saga lives only in memory: its current step, its deadline and what its
+-- steps answered are here, so any process can resume it after a crash.
+CREATE TABLE IF NOT EXISTS {table} (
     saga_id       uuid        PRIMARY KEY,
-    order_id      uuid        NOT NULL,
+    {key}         {key_type}  NOT NULL,
     status        text        NOT NULL
                   CHECK (status IN ('running', 'compensating', 'completed', 'compensated', 'failed')),
     -- The step whose reply the saga waits for (its action while running, its compensation
     -- while compensating); the last one reached once the saga has ended.
     current_step  text        NOT NULL,
-    -- The saga's data (the order), as given when it started.
+    -- The saga's data, as given when it started.
     payload       jsonb       NOT NULL,
     -- What each step's action answered, by step name.
-    results       jsonb       NOT NULL DEFAULT '{}',
+    results       jsonb       NOT NULL DEFAULT '{{}}',
     -- The compensations to run, in order, fixed when compensation starts (NULL before).
     compensations text[],
     -- Sends of the current command (the first, then the watchdog's re-sends).
@@ -33,12 +37,12 @@ CREATE TABLE saga_order (
 );
 
 -- Almost every row soon ends; the watchdog and `sagas list --stuck` look only at live ones.
-CREATE INDEX saga_order_live ON saga_order (deadline_at) WHERE status IN ('running', 'compensating');
-CREATE INDEX saga_order_order_id ON saga_order (order_id);
-CREATE INDEX saga_order_started_at ON saga_order (started_at);
+CREATE INDEX IF NOT EXISTS {live_index} ON {table} (deadline_at) WHERE status IN ('running', 'compensating');
+CREATE INDEX IF NOT EXISTS {key_index} ON {table} ({key});
+CREATE INDEX IF NOT EXISTS {started_index} ON {table} (started_at);
 
 -- Every transition of every saga: `estafeta sagas show` prints a saga's timeline from it.
-CREATE TABLE saga_order_log (
+CREATE TABLE IF NOT EXISTS {log} (
     id        bigserial   PRIMARY KEY,
     saga_id   uuid        NOT NULL,
     version   int         NOT NULL,
@@ -48,4 +52,4 @@ CREATE TABLE saga_order_log (
     detail    text,
     at        timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX saga_order_log_saga ON saga_order_log (saga_id, id);
+CREATE INDEX IF NOT EXISTS {log_index} ON {log} (saga_id, id);

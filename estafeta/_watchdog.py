@@ -6,7 +6,7 @@ sends the command a saga waits for again (a new attempt, answered again by a par
 that is idempotent by business key), and once the step's attempts are spent it fails the
 step — compensating — or fails the saga for an operator.
 
-It runs inside every ``dramatiq actors`` worker process (:class:`WatchdogMiddleware`),
+It runs inside every ``dramatiq`` worker process of an app with sagas (:class:`WatchdogMiddleware`),
 so restarting the workers after a crash is enough for every in-flight saga to finish;
 ``estafeta sagas watch`` runs it alone. Several watchdogs at once are safe: each saga is
 claimed with ``FOR UPDATE SKIP LOCKED`` and re-checked under its lock.
@@ -27,8 +27,8 @@ import psycopg.errors
 from sql import sagas as store
 from sql.errors import DatabaseError
 
-from .runtime import Runtime
-from .saga import SAGAS, Saga
+from ._runtime import Runtime
+from ._saga import Saga
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +36,11 @@ logger = logging.getLogger(__name__)
 class Watchdog:
     """Looks for sagas past their deadline and moves them on, one transaction per saga."""
 
-    def __init__(self, runtime: Runtime, sagas: Sequence[Saga] | None = None, *, batch_size: int = 200) -> None:
+    def __init__(self, runtime: Runtime, sagas: Sequence[Saga], *, batch_size: int = 200) -> None:
         self.runtime = runtime
-        self._sagas = list(sagas) if sagas is not None else None
+        #: The saga kinds watched.
+        self.sagas = list(sagas)
         self.batch_size = batch_size
-
-    @property
-    def sagas(self) -> list[Saga]:
-        """The saga kinds watched (every declared one unless given)."""
-        return self._sagas if self._sagas is not None else list(SAGAS.values())
 
     def check_once(self) -> Counter[str]:
         """Handle every saga overdue now; return how many were ``resent``, ``compensating``, ``failed``."""
@@ -98,14 +94,15 @@ class Watchdog:
 class WatchdogMiddleware(dramatiq.Middleware):
     """Runs a :class:`Watchdog` thread in each worker process, from boot to shutdown."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, sagas: Sequence[Saga]) -> None:
         self.runtime = runtime
+        self.sagas = list(sagas)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
         self._stop.clear()
-        watchdog = Watchdog(self.runtime)
+        watchdog = Watchdog(self.runtime, self.sagas)
         self._thread = threading.Thread(target=watchdog.run, args=(self._stop,), name="estafeta-saga-watchdog")
         self._thread.daemon = True
         self._thread.start()

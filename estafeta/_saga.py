@@ -1,7 +1,7 @@
 """Sagas: an ordered list of steps, each an action command with an optional compensation.
 
 A :class:`Saga` is orchestrated by a step of its own service (``<service>.saga_<name>_reply``):
-every participant answers a saga command with a :class:`actors.step.Reply`, and the
+every participant answers a saga command with a :class:`estafeta.Reply`, and the
 orchestrator handles each reply in one transaction of its own (inbox, saga row, outbox).
 Everything about a saga is in its row (``<service>.saga_<name>``): the current step, the
 compensation plan, what each step answered, the attempt count and the deadline, so any
@@ -34,27 +34,29 @@ earlier attempt is then just a stale reply.
 from __future__ import annotations
 
 import logging
+import typing
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import psycopg
 from prometheus_client import Counter
 
 from sql import sagas as store
-from sql.sagas import SagaRow, SagaTable
+from sql.migrate import Migration
+from sql.sagas import KEY_TYPES, SagaRow, SagaTable
 
-from . import outbox
-from .errors import BusinessFailure
-from .messages import from_json, to_json
-from .registry import REGISTRY, StepSpec
-from .saga_steps import ACTION, COMPENSATION, as_timedelta
-from .saga_steps import SagaError as SagaError  # re-exported: the saga's public names live here
-from .saga_steps import SagaNotFound as SagaNotFound
-from .saga_steps import SagaState as SagaState
-from .saga_steps import SagaStep as SagaStep
-from .step import REPLY_TO, Reply, StepContext, step
+from . import _outbox as outbox
+from ._errors import BusinessFailure
+from ._messages import from_json, to_json
+from ._saga_model import ACTION, COMPENSATION, SagaError, SagaNotFound, SagaState, SagaStep, as_timedelta
+from ._step_spec import StepSpec
+from ._steps import REPLY_TO, Reply, StepContext
+
+if TYPE_CHECKING:
+    from ._app import Service
 
 logger = logging.getLogger(__name__)
 
@@ -63,41 +65,41 @@ REPLIES = Counter("estafeta_saga_replies", "Saga replies by outcome", ["saga", "
 #: Transitions by saga and the status entered.
 TRANSITIONS = Counter("estafeta_saga_transitions", "Saga transitions by status entered", ["saga", "status"])
 
-#: Every saga declared in this process, by name.
-SAGAS: dict[str, Saga] = {}
-
 
 class Saga:
     """A saga kind: its steps, its data class and its table in ``service``'s schema.
 
-    Declaring it declares the orchestrator step ``<service>.saga_<name>_reply``. The table
-    ``<service>.saga_<name>`` (with the key column ``key``) and its ``_log`` come from the
-    service's migrations (see ``sql/migrations/orders/0002_saga_order.sql`` for the shape).
+    Declaring it declares the orchestrator step ``<service>.saga_<name>_reply`` on
+    ``service``. The table ``<service>.saga_<name>`` (with the key column ``key``) and its
+    ``_log`` are created by the service's migrations (:meth:`migration`, after the
+    service's own). Its commands are routed through the service's app.
     """
 
     def __init__(
         self,
         name: str,
         *,
-        service: str,
+        service: Service,
         data: type,
         key: str,
         steps: Sequence[SagaStep],
         after_compensation: Sequence[SagaStep] = (),
     ) -> None:
         self.name = name
-        self.service = service
+        #: The owning service's name (its schema holds the saga's table, its outbox the commands).
+        self.service = service.name
+        self.owner = service
         self.data = data
         self.key = key
         self.steps = tuple(steps)
         self.after_compensation = tuple(after_compensation)
         self._by_name = {s.name: s for s in (*self.steps, *self.after_compensation)}
         self._check()
-        self.table = SagaTable(service, f"saga_{name}", f"saga_{name}_log", key)
-        if name in SAGAS:
-            raise ValueError(f"a saga named {name!r} is already declared")
-        self.reply_step: StepSpec = step(service, Reply, name=f"saga_{name}_reply")(self.on_reply)
-        SAGAS[name] = self
+        self.table = SagaTable(service.name, f"saga_{name}", f"saga_{name}_log", key)
+        #: The SQL type of the key column, from the data class's annotation of ``key``.
+        self.key_type = _key_type(data, key)
+        self.reply_step: StepSpec = service.step(Reply, name=f"saga_{name}_reply")(self.on_reply)
+        service.adopt_saga(self)
 
     def _check(self) -> None:
         if len(self._by_name) != len(self.steps) + len(self.after_compensation):
@@ -285,7 +287,7 @@ class Saga:
     def target(self, row: SagaRow) -> tuple[StepSpec, uuid.UUID]:
         """The step that handles the current command, and the message id of its latest send."""
         _, command, direction = self.command_for(row)
-        (handler,) = REGISTRY.handlers(type(command))
+        (handler,) = self.owner.router.handlers(type(command))
         return handler, self._message_id(row, direction)
 
     @staticmethod
@@ -317,6 +319,7 @@ class Saga:
             conn,
             command,
             service=self.service,
+            router=self.owner.router,
             message_id=message_id,
             ordering_key=key,
             saga_id=row.saga_id,
@@ -378,6 +381,18 @@ class Saga:
             )
         self._step_failed(conn, row, f"aborted: {reason}", include_current=True)
 
+    def migration(self) -> Migration:
+        """The migration creating this saga's table and log in its service's schema."""
+        return store.table_migration(self.table, self.key_type)
+
+    def get(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> SagaRow | None:
+        """The saga's row as it is now (unlocked), if it exists."""
+        return store.get(conn, self.table, saga_id)
+
+    def of_key(self, conn: psycopg.Connection[Any], key: Any) -> list[uuid.UUID]:
+        """The sagas started for ``key`` (an order id), oldest first."""
+        return store.of_key(conn, self.table, key)
+
     def _locked(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> SagaRow:
         row = store.lock(conn, self.table, saga_id)
         if row is None:
@@ -402,12 +417,11 @@ class Saga:
         )
 
 
-def get_saga(name: str | None = None) -> Saga:
-    """The saga kind ``name`` (or the only one declared)."""
-    if name is None and len(SAGAS) == 1:
-        return next(iter(SAGAS.values()))
-    try:
-        return SAGAS[name or ""]
-    except KeyError:
-        known = ", ".join(sorted(SAGAS)) or "none"
-        raise SagaNotFound(f"no saga kind {name!r} (declared: {known})") from None
+def _key_type(data: type, key: str) -> str:
+    """The SQL type of the saga table's key column: ``uuid``, ``bigint`` or ``text``."""
+    if not attrs.has(data) or key not in attrs.fields_dict(data):
+        raise ValueError(f"saga data {data.__name__} must be an attrs class with a {key!r} field")
+    kind = typing.get_type_hints(data).get(key)
+    if kind not in KEY_TYPES:
+        raise ValueError(f"saga key {data.__name__}.{key} must be a UUID, an int or a str, not {kind!r}")
+    return KEY_TYPES[kind]

@@ -1,4 +1,4 @@
-"""``@step``: a Dramatiq actor whose every message is one PostgreSQL transaction.
+"""Steps: a Dramatiq actor whose every message is one PostgreSQL transaction (``Service.step``).
 
 In that transaction, in this order: the inbox record (a duplicate stops here, changing
 nothing), the lock on the step's key, the step's own change, the messages it sends
@@ -10,10 +10,11 @@ retries, never an acknowledged one.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
 import dramatiq
@@ -23,45 +24,19 @@ from dramatiq.middleware import CurrentMessage
 from sql import inbox
 from sql.pool import Database
 
-from . import metrics, outbox
-from .errors import BusinessFailure, InvalidMessage
-from .locks import HeldLock
-from .messages import from_json, to_json
-from .registry import REGISTRY, Registry, StepSpec
-from .runtime import Runtime
-from .services import declare_service
+from . import _metrics as metrics
+from . import _outbox as outbox
+from ._errors import BusinessFailure, InvalidMessage
+from ._locks import HeldLock
+from ._messages import from_json, to_json
+from ._runtime import Runtime
+from ._step_spec import Router, StepSpec
 
 logger = logging.getLogger(__name__)
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: Message option naming where a step sends its :class:`Reply`:
 #: ``{"actor": ..., "queue": ..., "context": {...}, "ordering_key": ...}``.
 REPLY_TO = "reply_to"
-
-
-def step(
-    service: str,
-    handles: type,
-    *,
-    name: str | None = None,
-    lock: Callable[[Any], str] | None = None,
-    **actor_options: Any,
-) -> Callable[[Callable[..., Any]], StepSpec]:
-    """Declare ``fn(ctx, command)`` as the step ``<service>.<name>`` handling ``handles`` messages.
-
-    ``lock`` maps the command to a key (an order id): steps on the same key never run
-    their transactions at the same time, whichever process runs them. Other keyword
-    arguments are Dramatiq actor options (``max_retries``, ``min_backoff``...).
-    """
-    declare_service(service)
-
-    def decorate(fn: Callable[..., Any]) -> StepSpec:
-        spec = StepSpec(service, name or fn.__name__, handles, fn, lock, actor_options)
-        REGISTRY.add(spec)
-        return spec
-
-    return decorate
 
 
 @attrs.frozen
@@ -94,6 +69,8 @@ class StepContext:
     options: dict[str, Any]
     #: The command as received, fields the command class does not know included.
     payload: dict[str, Any]
+    #: Routes what the step sends: the app of the step's service.
+    router: Router
     #: The lock held for the step's key, if it declared one.
     lock: HeldLock | None = None
 
@@ -106,28 +83,28 @@ class StepContext:
         """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
         kwargs.setdefault("saga_id", self.saga_id)
         kwargs.setdefault("traceparent", self.options.get("traceparent"))
-        return outbox.send(self.conn, command, service=self.service, **kwargs)
+        return outbox.send(self.conn, command, service=self.service, router=self.router, **kwargs)
 
     def publish(self, event: Any, **kwargs: Any) -> list[uuid.UUID]:
         """Publish ``event`` to every subscribed step, in this transaction (see :func:`outbox.publish`)."""
         kwargs.setdefault("saga_id", self.saga_id)
         kwargs.setdefault("traceparent", self.options.get("traceparent"))
-        return outbox.publish(self.conn, event, service=self.service, **kwargs)
+        return outbox.publish(self.conn, event, service=self.service, router=self.router, **kwargs)
 
 
-def bind(
-    broker: dramatiq.Broker, runtime: Runtime, registry: Registry = REGISTRY
+def declare_actors(
+    broker: dramatiq.Broker, runtime: Runtime, specs: Iterable[StepSpec]
 ) -> dict[str, dramatiq.Actor[..., None]]:
-    """Declare every registered step as an actor on ``broker``, running with ``runtime``.
+    """Declare ``specs`` as actors on ``broker``, running with ``runtime``; return them by name.
 
-    Steps already declared on ``broker`` are left as they are, so a module declaring
-    more steps can bind just those to the broker the worker already uses.
+    Steps already declared on ``broker`` are left as they are (binding an app twice to one
+    broker declares nothing new).
     """
     if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
         broker.add_middleware(CurrentMessage())
     settings = runtime.settings
     actors = {}
-    for spec in registry.steps().values():
+    for spec in specs:
         if spec.actor_name in broker.actors:
             continue
         options = {
@@ -160,11 +137,23 @@ def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
     return body
 
 
-def deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> str:
+class Outcome(enum.StrEnum):
+    """What became of one delivery of a message to a step."""
+
+    #: The step's work committed (with its outbox rows and its answer).
+    OK = "ok"
+    #: The step refused for a business reason: its work rolled back, the refusal was answered.
+    FAILED = "failed"
+    #: The inbox already had the message: nothing happened.
+    DUPLICATE = "duplicate"
+    #: Parked in the service's dead letters with the reason; never retried.
+    DEAD_LETTERED = "dead_lettered"
+
+
+def deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> Outcome:
     """Process one delivery of ``message`` by ``spec``; return the outcome.
 
-    Outcomes: ``ok``, ``failed`` (business failure, answered), ``duplicate`` and
-    ``dead_lettered``. Any other error is raised for Dramatiq to retry, except on the
+    Any error other than a business failure is raised for Dramatiq to retry, except on the
     last allowed attempt, when the message is dead-lettered with the error instead.
     """
     database = runtime.database(spec.service)
@@ -215,13 +204,13 @@ def _run(
     message_id: uuid.UUID,
     command: Any,
     payload: dict[str, Any],
-) -> str:
+) -> Outcome:
     # Locks are released after the transaction has ended, whichever way it ended.
     with contextlib.ExitStack() as after_transaction, database.transaction() as conn:
         if not inbox.record(conn, spec.service, spec.actor_name, message_id):
             inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
             logger.info("%s: duplicate delivery of %s absorbed", spec.actor_name, message_id)
-            return "duplicate"
+            return Outcome.DUPLICATE
         held = None
         if spec.lock is not None:
             lock = runtime.locks.hold(conn, spec.lock(command), schema=spec.service, dsn=database.dsn)
@@ -234,6 +223,7 @@ def _run(
             saga_id=uuid.UUID(saga_id) if saga_id else None,
             options=dict(message.options),
             payload=payload,
+            router=spec.router,
             lock=held,
         )
         try:
@@ -241,10 +231,10 @@ def _run(
             with conn.transaction():
                 result = spec.fn(ctx, command)
         except BusinessFailure as failure:
-            outcome = "failed"
+            outcome = Outcome.FAILED
             _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
         else:
-            outcome = "ok"
+            outcome = Outcome.OK
             _answer(ctx, spec, str(message_id), ok=True, result=result)
         inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
         if held is not None:
@@ -304,14 +294,14 @@ def _park(
     shown_id: str,
     raw: dict[str, Any],
     reason: str,
-) -> str:
+) -> Outcome:
     """Dead-letter a message once (the inbox record keeps a redelivery from parking it again)."""
     with database.transaction() as conn:
         if message_id is not None:
             if not inbox.record(conn, spec.service, spec.actor_name, message_id):
-                return "duplicate"
+                return Outcome.DUPLICATE
             inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
         inbox.dead_letter(conn, spec.service, spec.actor_name, shown_id, raw, f"{spec.actor_name}: {reason}")
     logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
-    metrics.STEPS.labels(spec.actor_name, "dead_lettered").inc()
-    return "dead_lettered"
+    metrics.STEPS.labels(spec.actor_name, Outcome.DEAD_LETTERED).inc()
+    return Outcome.DEAD_LETTERED

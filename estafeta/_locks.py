@@ -28,8 +28,8 @@ from sql import fences
 from sql.errors import LockNotAcquired, StaleFencingToken
 from sql.pool import Database
 
-from .redis_lock import RedisLock, Redlock
-from .settings import Settings
+from ._redis_lock import RedisLock, Redlock
+from ._settings import Settings
 
 logger = logging.getLogger(__name__)
 

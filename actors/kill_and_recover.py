@@ -2,7 +2,7 @@
 
 The order system's "done means" run::
 
-    python -m examples.kill_and_recover --database-url postgresql://app@db/shop \\
+    python -m actors.kill_and_recover --database-url postgresql://app@db/shop \\
         --broker-url amqp://guest:guest@127.0.0.1:5672/%2F --orders 1000 --processes 2
 
 It seeds accounts and stock (``estafeta seed``), starts ``dramatiq actors --processes P``
@@ -207,9 +207,9 @@ class KillAndRecover:
 
     def report(self, seconds: float) -> dict[str, Any]:
         """Final counts and the reconciliation of money and stock."""
-        from actors.order_saga import reconcile
-        from actors.runtime import Runtime
-        from actors.settings import Settings
+        from estafeta import Runtime, Settings
+
+        from .order_saga import reconcile
 
         plan, prefix = self.plan, self.prefix
         runtime = Runtime(Settings(database_url=self.database_url))

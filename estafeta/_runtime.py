@@ -4,25 +4,37 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from sql import embedded, migrate
 from sql.pool import Database
 
-from .services import all_services, get_service
-from .settings import Settings
+from ._settings import Settings
 
 if TYPE_CHECKING:
-    from .locks import LockBackend
+    from ._locks import LockBackend
 
 logger = logging.getLogger(__name__)
 
 
+class Migratable(Protocol):
+    """A service as migrations see it: a schema name and its ordered migrations."""
+
+    @property
+    def name(self) -> str:
+        """The schema."""
+
+    def migrations(self) -> list[migrate.Migration]:
+        """Every migration of the schema, in the order they apply."""
+
+
 class Runtime:
-    """The resources of one process, built from :class:`Settings`.
+    """The resources of one process, built from :class:`Settings`: a pool per database, the lock backend.
 
     Services that share a DSN share one pool. ``embedded`` starts (or joins) the
-    private pgserver on first use, not at construction.
+    private pgserver on first use, not at construction; nothing connects before a
+    pool is first used.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -52,19 +64,29 @@ class Runtime:
             return database
 
     @property
+    def embedded(self) -> bool:
+        """Whether some service's database is the embedded PostgreSQL."""
+        urls = [self.settings.database_url, *self.settings.service_database_urls.values()]
+        return "embedded" in urls
+
+    @property
     def locks(self) -> LockBackend:
         """The lock backend chosen by ``ESTAFETA_LOCK_URL``."""
         with self._mutex:
             if self._locks is None:
-                from .locks import backend_from_url
+                from ._locks import backend_from_url
 
                 self._locks = backend_from_url(self.settings)
             return self._locks
 
-    def migrate(self, services: list[str] | None = None, *, check: bool = False) -> dict[str, list[str]]:
-        """Apply (or, with ``check``, only list) the pending migrations of every service."""
+    def migrate(self, services: Iterable[Migratable], *, check: bool = False) -> dict[str, list[str]]:
+        """Apply (or, with ``check``, only list) the pending migrations of ``services``, by service.
+
+        Safe to run twice and from several processes at once (an advisory lock serialises
+        migrators).
+        """
         result: dict[str, list[str]] = {}
-        for service in [get_service(name) for name in services] if services else all_services():
+        for service in services:
             with self.database(service.name).connection() as conn:
                 migrations = service.migrations()
                 if check:

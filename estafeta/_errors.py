@@ -1,4 +1,4 @@
-"""Errors raised by steps, sagas and settings (all under :class:`sql.errors.EstafetaError`)."""
+"""Errors raised by steps, routing and settings (all under :class:`sql.errors.EstafetaError`)."""
 
 from __future__ import annotations
 
@@ -28,4 +28,4 @@ class InvalidMessage(EstafetaError):
 
 
 class RoutingError(EstafetaError):
-    """No step (or several) handles this command type."""
+    """No step (or several) handles this command type, or the sender belongs to no app."""

@@ -1,12 +1,19 @@
--- Test-only tables of the charge-like step in tests/lock_steps.py (pingpong schema, so
--- the usual wipe between tests empties them).
-CREATE TABLE IF NOT EXISTS pingpong.test_accounts (
+-- The probe service: tables of the test-only steps (tests/steps.py, tests/lock_steps.py).
+CREATE TABLE pings (
+    ping_id   uuid        PRIMARY KEY,
+    sent_at   timestamptz NOT NULL,
+    ponged_at timestamptz,
+    pongs     int         NOT NULL DEFAULT 0
+);
+
+-- The charge-like lock test step: one account per order.
+CREATE TABLE test_accounts (
     order_id      uuid    PRIMARY KEY,
     balance_cents bigint  NOT NULL,
     charged       boolean NOT NULL DEFAULT false
 );
 -- One row per committed run of the step: charged = false when the order already was.
-CREATE TABLE IF NOT EXISTS pingpong.test_charges (
+CREATE TABLE test_charges (
     id            bigserial PRIMARY KEY,
     order_id      uuid      NOT NULL,
     message_id    uuid      NOT NULL,

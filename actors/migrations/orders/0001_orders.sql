@@ -1,4 +1,5 @@
--- The Orders service: customers' orders, and the state of the order saga that places them.
+-- The Orders service: customers' orders. (The order saga's tables, saga_order and its log,
+-- are created from the saga's declaration: estafeta.Saga.migration.)
 CREATE TABLE orders (
     order_id        uuid        PRIMARY KEY,
     customer_id     text        NOT NULL,

@@ -1,11 +1,11 @@
 """Sending commands and publishing events through a service's outbox, inside a transaction.
 
 Steps use ``ctx.send`` / ``ctx.publish``; code outside a step (the CLI, an HTTP handler)
-joins its own transaction::
+joins its own transaction through the service::
 
     with database.transaction() as conn:
         conn.execute("INSERT INTO orders.orders ...")
-        outbox.send(conn, ChargePayment(...), service="orders")
+        orders.send(conn, ChargePayment(...))
 
 The message is written to ``<service>.outbox`` and commits, or rolls back, with the
 caller's other changes; the relay publishes it after the commit.
@@ -23,9 +23,9 @@ import psycopg
 
 from sql import outbox as store
 
-from .errors import RoutingError
-from .messages import new_traceparent, to_json
-from .registry import REGISTRY
+from ._errors import RoutingError
+from ._messages import new_traceparent, to_json
+from ._step_spec import Router
 
 
 @attrs.frozen
@@ -41,6 +41,7 @@ def send(
     command: Any,
     *,
     service: str,
+    router: Router,
     to: Address | None = None,
     delay: timedelta | float | None = None,
     ordering_key: str | None = None,
@@ -49,14 +50,14 @@ def send(
     options: Mapping[str, Any] | None = None,
     traceparent: str | None = None,
 ) -> uuid.UUID:
-    """Write ``command`` for the one step that handles its type (or for ``to``); return its message id.
+    """Write ``command`` for the one step of ``router`` that handles its type (or for ``to``); return its message id.
 
     ``message_id`` makes a re-send deduplicable by the receiver's inbox; ``delay``
     (seconds or a ``timedelta``) holds it in the outbox until then; rows sharing an
     ``ordering_key`` reach the broker in commit order.
     """
     if to is None:
-        handlers = REGISTRY.handlers(type(command))
+        handlers = router.handlers(type(command))
         if len(handlers) != 1:
             names = ", ".join(h.actor_name for h in handlers) or "none"
             raise RoutingError(
@@ -74,14 +75,15 @@ def publish(
     event: Any,
     *,
     service: str,
+    router: Router,
     ordering_key: str | None = None,
     saga_id: uuid.UUID | None = None,
     options: Mapping[str, Any] | None = None,
     traceparent: str | None = None,
 ) -> list[uuid.UUID]:
-    """Write ``event`` once for every step subscribed to its type; return the message ids."""
+    """Write ``event`` once for every step of ``router`` subscribed to its type; return the message ids."""
     ids = []
-    for handler in REGISTRY.handlers(type(event)):
+    for handler in router.handlers(type(event)):
         message_id = uuid.uuid4()
         to = Address(handler.actor_name, handler.queue_name)
         _write(conn, service, to, event, message_id, None, ordering_key, saga_id, options, traceparent)

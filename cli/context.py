@@ -1,0 +1,89 @@
+"""The app a command works on (``--app`` / ``ESTAFETA_APP``), loaded and bound only when a command needs it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from estafeta import App, Binding, load_app
+
+if TYPE_CHECKING:
+    import dramatiq
+
+    from estafeta import Runtime, Saga
+
+#: The app ``estafeta`` works on when neither ``--app`` nor ``ESTAFETA_APP`` names one.
+ORDER_SYSTEM = "actors"
+
+
+class AppContext:
+    """What ``--app`` named: the module, then (on first use) its app and its binding."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self._app: App | None = None
+
+    @property
+    def app(self) -> App:
+        """The app, imported on first use (a module that cannot be imported is a usage error)."""
+        if self._app is None:
+            try:
+                self._app = load_app(self.spec)
+            except LookupError as exc:
+                raise click.BadParameter(str(exc), param_hint="--app") from None
+        return self._app
+
+    @property
+    def binding(self) -> Binding:
+        """The app bound to the broker of the ``ESTAFETA_*`` settings (the one its module bound, if it did)."""
+        return self.app.bind()
+
+    @property
+    def runtime(self) -> Runtime:
+        """Settings, pools and locks of this process."""
+        return self.binding.runtime
+
+    @property
+    def broker(self) -> dramatiq.Broker:
+        """The app's broker."""
+        return self.binding.broker
+
+    @property
+    def is_order_system(self) -> bool:
+        """Whether the app is estafeta's own order system (``actors``)."""
+        return self.spec.partition(":")[0] == ORDER_SYSTEM
+
+    def services(self, names: tuple[str, ...] | list[str] = ()) -> list[str]:
+        """``names`` checked against the app's services (all of them when empty)."""
+        known = self.app.service_names
+        for name in names:
+            if name not in known:
+                raise click.BadParameter(f"no service {name!r} (known: {', '.join(known)})", param_hint="--service")
+        return list(names) or known
+
+    def saga(self, kind: str | None) -> Saga:
+        """The saga kind ``kind`` (or the app's only one)."""
+        try:
+            return self.app.saga(kind)
+        except KeyError as exc:
+            raise click.BadParameter(str(exc.args[0]), param_hint="--saga") from None
+
+
+def current() -> AppContext:
+    """The context of the running ``estafeta`` command."""
+    found = click.get_current_context().find_object(AppContext)
+    if found is None:  # a command invoked outside the group (tests)
+        found = AppContext(ORDER_SYSTEM)
+    return found
+
+
+def order_system() -> AppContext:
+    """The context, refusing (exit code 2) when the app is not the order system."""
+    context = current()
+    if not context.is_order_system:
+        command = click.get_current_context().command_path
+        raise click.UsageError(
+            f"`{command}` belongs to estafeta's order system (--app {ORDER_SYSTEM}), not to --app {context.spec}"
+        )
+    return context

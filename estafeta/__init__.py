@@ -1,0 +1,81 @@
+"""estafeta: transactional outbox, idempotent inbox, sagas and fenced locks for Dramatiq on PostgreSQL.
+
+Declare services and their steps, assemble them into an :class:`App`, and bind it::
+
+    import estafeta
+
+    payments = estafeta.Service("payments", migrations="migrations/payments")
+
+    @payments.step(ChargePayment, lock=lambda c: str(c.order_id))
+    def charge(ctx: estafeta.StepContext, command: ChargePayment) -> None:
+        ctx.conn.execute("UPDATE payments.accounts SET ...")  # your change
+        ctx.send(ReserveStock(...))                            # an outbox row, same transaction
+
+    app = estafeta.App("shop", services=[payments, ...])
+    broker = app.bind().broker   # in the module `dramatiq` imports: ESTAFETA_* settings
+
+Importing this package (or any module under it) does nothing by itself: it reads no
+environment, builds no broker and declares no actor until :meth:`App.bind` is called.
+The names below are the public API; every module under ``estafeta`` is private.
+"""
+
+from __future__ import annotations
+
+from sql.errors import DatabaseError, DatabaseUnavailable, EstafetaError, LockNotAcquired, StaleFencingToken
+
+from ._app import App, Service, load_app
+from ._binding import Binding
+from ._errors import BusinessFailure, InvalidMessage, RoutingError, SettingsError
+from ._messages import from_json, to_json
+from ._outbox import Address
+from ._redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
+from ._relaying import build_relay
+from ._runtime import Runtime
+from ._saga import Saga
+from ._saga_model import SagaError, SagaNotFound, SagaState, SagaStep
+from ._settings import Settings
+from ._step_spec import StepSpec
+from ._steps import Outcome, Reply, StepContext, deliver
+from ._testing import running
+from ._watchdog import Watchdog
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "Address",
+    "App",
+    "Binding",
+    "BusinessFailure",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "EstafetaError",
+    "InvalidMessage",
+    "LockLost",
+    "LockNotAcquired",
+    "LockServerUnavailable",
+    "Outcome",
+    "RedisLock",
+    "Redlock",
+    "Reply",
+    "RoutingError",
+    "Runtime",
+    "Saga",
+    "SagaError",
+    "SagaNotFound",
+    "SagaState",
+    "SagaStep",
+    "Service",
+    "Settings",
+    "SettingsError",
+    "StaleFencingToken",
+    "StepContext",
+    "StepSpec",
+    "Watchdog",
+    "build_relay",
+    "deliver",
+    "from_json",
+    "load_app",
+    "redis_lock",
+    "running",
+    "to_json",
+]

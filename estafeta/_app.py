@@ -1,0 +1,277 @@
+"""Apps and their services: what a team declares, and the one call that binds it to a broker.
+
+A :class:`Service` owns a PostgreSQL schema of its own name (its business tables, its
+outbox, inbox and dead letters), a Dramatiq queue of that name, and its steps. An
+:class:`App` assembles services (and may include other apps, whose steps its messages
+can reach); :meth:`App.bind` declares every step as a Dramatiq actor on a broker. Nothing
+here reads the environment or touches a broker until ``bind`` is called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from sql import migrate
+
+from . import _outbox as outbox
+from ._errors import RoutingError
+from ._step_spec import StepSpec
+
+if TYPE_CHECKING:
+    import dramatiq
+
+    from ._binding import Binding
+    from ._runtime import Runtime
+    from ._saga import Saga
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+_RESERVED = {"public", "information_schema"}
+#: The messaging tables every service schema carries (outbox, inbox, dead letters, fences).
+COMMON_MIGRATIONS = "_common"
+
+
+class Service:
+    """A service: its name is its schema, its queue and the prefix of its actors' names.
+
+    ``migrations`` are directories of numbered ``.sql`` files (``0001_accounts.sql``...),
+    applied with ``search_path`` set to the service's schema, after the messaging tables
+    every service carries.
+    """
+
+    def __init__(self, name: str, *, migrations: Iterable[Traversable | Path | str] | Traversable | Path | str = ()):
+        if not _NAME.match(name) or name in _RESERVED or name.startswith("pg_"):
+            raise ValueError(f"service name {name!r} must be a lower-case identifier usable as a schema name")
+        self.name = name
+        if isinstance(migrations, str | Path | Traversable):
+            migrations = [migrations]
+        #: Directories of the service's own migrations.
+        self.migration_dirs: tuple[Traversable, ...] = tuple(Path(d) if isinstance(d, str) else d for d in migrations)
+        self._builtin: list[str] = [COMMON_MIGRATIONS]
+        self._steps: dict[str, StepSpec] = {}
+        self._sagas: list[Saga] = []
+        self._app: App | None = None
+
+    def __repr__(self) -> str:
+        return f"Service({self.name!r})"
+
+    def step(
+        self,
+        handles: type,
+        *,
+        name: str | None = None,
+        lock: Callable[[Any], str] | None = None,
+        **actor_options: Any,
+    ) -> Callable[[Callable[..., Any]], StepSpec]:
+        """Declare ``fn(ctx, command)`` as the step ``<service>.<name>`` handling ``handles`` messages.
+
+        Every message is one transaction: inbox, lock, the function, its outbox rows, its
+        reply. ``lock`` maps the command to a key (an order id): steps on the same key never
+        run their transactions at the same time, whichever process runs them. Other keyword
+        arguments are Dramatiq actor options (``max_retries``, ``min_backoff``...). The
+        decorated name becomes the :class:`StepSpec` (still callable as ``fn(ctx, command)``).
+        """
+
+        def decorate(fn: Callable[..., Any]) -> StepSpec:
+            spec = StepSpec(self.name, name or fn.__name__, handles, fn, lock, actor_options, owner=self)
+            existing = self._steps.get(spec.actor_name)
+            if existing is not None and existing.fn is not fn:
+                raise ValueError(f"a step named {spec.actor_name!r} is already declared")
+            self._steps[spec.actor_name] = spec
+            return spec
+
+        return decorate
+
+    @property
+    def steps(self) -> Mapping[str, StepSpec]:
+        """The service's steps by actor name."""
+        return dict(self._steps)
+
+    @property
+    def sagas(self) -> list[Saga]:
+        """The sagas orchestrated by this service."""
+        return list(self._sagas)
+
+    def adopt_saga(self, saga: Saga) -> None:
+        """Record a saga orchestrated here (:class:`Saga` calls it when declared)."""
+        if any(s.name == saga.name for s in self._sagas):
+            raise ValueError(f"service {self.name} already has a saga named {saga.name!r}")
+        self._sagas.append(saga)
+
+    def use_builtin_migrations(self, name: str) -> None:
+        """Add a directory of ``sql/migrations/`` (an opt-in feature's tables) to this service's schema."""
+        if name not in self._builtin:
+            self._builtin.append(name)
+
+    def migrations(self) -> list[migrate.Migration]:
+        """Every migration of this service's schema, in the order they apply.
+
+        The messaging tables first, then opt-in built-in tables, the service's own
+        migrations, and last the tables of each saga it orchestrates.
+        """
+        builtin = [migrate.builtin_directory(name) for name in self._builtin]
+        return [*migrate.load([*builtin, *self.migration_dirs]), *(saga.migration() for saga in self._sagas)]
+
+    @property
+    def app(self) -> App:
+        """The app this service belongs to."""
+        if self._app is None:
+            raise RoutingError(f"service {self.name} belongs to no App: declare App(..., services=[...]) first")
+        return self._app
+
+    @property
+    def router(self) -> App:
+        """Where this service's messages are routed: its app."""
+        return self.app
+
+    def send(self, conn: psycopg.Connection[Any], command: Any, **options: Any) -> uuid.UUID:
+        """Write ``command`` to this service's outbox in the caller's transaction; return its message id.
+
+        It goes to the one step of the app that handles its type (or ``to=Address(...)``).
+        The row commits or rolls back with the caller's other changes; the relay publishes
+        it after the commit. Options: ``delay``, ``ordering_key``, ``saga_id``,
+        ``message_id``, ``options``, ``traceparent``.
+        """
+        return outbox.send(conn, command, service=self.name, router=self.router, **options)
+
+    def publish(self, conn: psycopg.Connection[Any], event: Any, **options: Any) -> list[uuid.UUID]:
+        """Write ``event`` once for every step of the app subscribed to its type; return the message ids."""
+        return outbox.publish(conn, event, service=self.name, router=self.router, **options)
+
+    def _join(self, app: App) -> None:
+        if self._app is not None and self._app is not app:
+            raise ValueError(f"service {self.name} already belongs to app {self._app.name!r}")
+        self._app = app
+
+
+class App:
+    """An app: services (their schemas, queues and steps) and the sagas they orchestrate.
+
+    ``include`` adds other apps whose steps this app's messages may reach and whose
+    services its workers also serve (a test app around the order system, say); each
+    service keeps routing through the app that declared it.
+    """
+
+    def __init__(self, name: str, *, services: Sequence[Service], include: Sequence[App] = ()) -> None:
+        self.name = name
+        self._own = list(services)
+        self.include = list(include)
+        names = [s.name for s in self.services]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"app {name}: two services named {duplicates[0]!r}")
+        for service in self._own:
+            service._join(self)
+        self._env_binding: Binding | None = None
+
+    def __repr__(self) -> str:
+        return f"App({self.name!r}, services={self.service_names})"
+
+    @property
+    def services(self) -> list[Service]:
+        """Every service of the app and of the apps it includes (each once)."""
+        found: dict[str, Service] = {}
+        for app in self.include:
+            for service in app.services:
+                found.setdefault(service.name, service)
+        for service in self._own:
+            found.setdefault(service.name, service)
+        return list(found.values())
+
+    @property
+    def service_names(self) -> list[str]:
+        """The names (schemas) of :attr:`services`."""
+        return [s.name for s in self.services]
+
+    def service(self, name: str) -> Service:
+        """The service called ``name``; ``KeyError`` naming the known ones otherwise."""
+        for service in self.services:
+            if service.name == name:
+                return service
+        raise KeyError(f"no service {name!r} in app {self.name} (known: {', '.join(self.service_names)})")
+
+    @property
+    def steps(self) -> dict[str, StepSpec]:
+        """Every step by actor name."""
+        return {actor: spec for service in self.services for actor, spec in service.steps.items()}
+
+    @property
+    def sagas(self) -> list[Saga]:
+        """Every saga kind of the app."""
+        return [saga for service in self.services for saga in service.sagas]
+
+    def saga(self, name: str | None = None) -> Saga:
+        """The saga kind ``name`` (or the only one); ``KeyError`` naming the known ones otherwise."""
+        sagas = {saga.name: saga for saga in self.sagas}
+        if name is None and len(sagas) == 1:
+            return next(iter(sagas.values()))
+        if name in sagas:
+            return sagas[name]
+        known = ", ".join(sorted(sagas)) or "none"
+        raise KeyError(f"no saga kind {name!r} in app {self.name} (declared: {known})")
+
+    def handlers(self, kind: type) -> list[StepSpec]:
+        """The steps handling messages of type ``kind``."""
+        return [spec for spec in self.steps.values() if spec.handles is kind]
+
+    def bind(
+        self,
+        broker: dramatiq.Broker | None = None,
+        runtime: Runtime | None = None,
+        *,
+        watchdog: bool = True,
+    ) -> Binding:
+        """Declare every step of the app as a Dramatiq actor on ``broker``, run with ``runtime``.
+
+        - ``app.bind()``, the call a worker module makes for ``dramatiq <module>``: the
+          runtime comes from the ``ESTAFETA_*`` settings and the broker from
+          ``ESTAFETA_BROKER_URL``; a bad setting stops the process with one line naming
+          the variable (exit code 2). A second call returns the same binding.
+        - ``app.bind(StubBroker(), runtime)`` in tests: a fresh broker each time.
+
+        Either way the broker becomes Dramatiq's global broker, carries the middleware
+        steps need (and, for an app with sagas, the saga watchdog that runs in each worker
+        process), and ``dramatiq`` workers consume one queue per service.
+        """
+        from ._binding import bind_app, bind_from_env
+
+        if broker is None and runtime is None:
+            if self._env_binding is None:
+                self._env_binding = bind_from_env(self, watchdog=watchdog)
+            return self._env_binding
+        return bind_app(self, broker, runtime, watchdog=watchdog)
+
+    def migrate(self, runtime: Runtime, *, check: bool = False) -> dict[str, list[str]]:
+        """Apply (or, with ``check``, only list) the pending migrations of every service, by service."""
+        return runtime.migrate(self.services, check=check)
+
+
+def load_app(spec: str) -> App:
+    """The :class:`App` named by ``spec``: ``package.module`` (its ``app``, or its only App) or ``module:attribute``.
+
+    Raises ``LookupError`` with a one-line reason when the module cannot be imported or
+    holds no app.
+    """
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LookupError(f"cannot import {module_name!r}: {exc}") from None
+    if attribute:
+        found = getattr(module, attribute, None)
+        if not isinstance(found, App):
+            raise LookupError(f"{module_name} has no App named {attribute!r}")
+        return found
+    if isinstance(getattr(module, "app", None), App):
+        return module.app  # type: ignore[no-any-return]
+    apps = {id(v): v for v in vars(module).values() if isinstance(v, App)}
+    if len(apps) != 1:
+        raise LookupError(f"{module_name} defines {len(apps)} Apps: name one as {module_name}:ATTRIBUTE")
+    return next(iter(apps.values()))

@@ -1,0 +1,76 @@
+"""Binding an app: its steps declared as Dramatiq actors on a broker, run with a runtime."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import attrs
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+
+from brokers import broker_from_url
+
+from ._errors import SettingsError
+from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, has_middleware
+from ._runtime import Runtime
+from ._settings import Settings
+from ._steps import declare_actors
+from ._watchdog import WatchdogMiddleware
+
+if TYPE_CHECKING:
+    from ._app import App
+
+
+@attrs.frozen
+class Binding:
+    """An app bound to a broker: what its workers, its relay and its CLI run with."""
+
+    app: App
+    #: The broker every step is declared on (Dramatiq's global broker).
+    broker: dramatiq.Broker
+    #: Settings, pools and the lock backend of this process.
+    runtime: Runtime
+    #: The declared actors, by name (``<service>.<step>``).
+    actors: Mapping[str, dramatiq.Actor[..., None]]
+
+    @property
+    def settings(self) -> Settings:
+        """The runtime's settings."""
+        return self.runtime.settings
+
+
+def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, *, watchdog: bool) -> Binding:
+    """Declare ``app``'s steps on ``broker`` (built from the runtime's settings if ``None``)."""
+    runtime = runtime or Runtime(Settings.from_env())
+    if broker is None:
+        broker = broker_from_url(runtime.settings.broker_url)
+        if isinstance(broker, StubBroker):
+            broker.add_middleware(RefuseStubBroker())
+    if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
+        broker.add_middleware(EmbeddedDatabaseNotice())
+    dramatiq.set_broker(broker)
+    actors = declare_actors(broker, runtime, app.steps.values())
+    if watchdog and app.sagas:
+        _watch(broker, runtime, app)
+    return Binding(app, broker, runtime, actors)
+
+
+def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+    # Every worker process watches saga deadlines: restarting the workers resumes every saga.
+    existing = next((m for m in broker.middleware if isinstance(m, WatchdogMiddleware)), None)
+    if existing is None:
+        broker.add_middleware(WatchdogMiddleware(runtime, app.sagas))
+        return
+    existing.sagas.extend(saga for saga in app.sagas if saga not in existing.sagas)
+
+
+def bind_from_env(app: App, *, watchdog: bool) -> Binding:
+    """``bind_app`` with the ``ESTAFETA_*`` settings; a bad one ends the process with one line, exit code 2."""
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"estafeta: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return bind_app(app, None, Runtime(settings), watchdog=watchdog)

@@ -1,0 +1,56 @@
+"""Dramatiq middleware an app's binding adds: refusals and notices a worker owes its operator."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+
+from sql.embedded import DEFAULT_DATA_DIR
+
+#: What a worker on the StubBroker says before it stops.
+STUB_REFUSAL = (
+    "estafeta: ESTAFETA_BROKER_URL is stub:// (the default), and the StubBroker only runs inside one"
+    " process (estafeta demo, tests): set ESTAFETA_BROKER_URL to amqp://... or redis://... for"
+    " `dramatiq` workers"
+)
+
+
+def embedded_notice(what: str, data_dir: Path = DEFAULT_DATA_DIR) -> str:
+    """The line a process on the embedded PostgreSQL prints at start."""
+    return (
+        f"estafeta: this {what} uses the embedded PostgreSQL (ESTAFETA_DATABASE_URL=embedded),"
+        f" its data in {data_dir.resolve()}: for trying estafeta out, not for production"
+    )
+
+
+class RefuseStubBroker(dramatiq.Middleware):
+    """Stops a ``dramatiq`` worker process whose broker is the StubBroker of ``stub://``.
+
+    Such a worker would wait forever: nothing outside its own process can reach its
+    queues. ``process_boot`` is emitted only by the ``dramatiq`` command's worker
+    processes, so in-process workers (the demo, tests) are not affected.
+    """
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        print(STUB_REFUSAL, file=sys.stderr, flush=True)
+        # SystemExit passes through Dramatiq's middleware dispatch (it only catches
+        # Exception): the worker process exits 2 and the dramatiq command with it.
+        raise SystemExit(2)
+
+
+class EmbeddedDatabaseNotice(dramatiq.Middleware):
+    """Prints, once per ``dramatiq`` worker process, that it runs on the embedded PostgreSQL."""
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        print(embedded_notice("worker"), file=sys.stderr, flush=True)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def has_middleware(broker: dramatiq.Broker, kind: type[Any]) -> bool:
+    """Whether ``broker`` already carries a middleware of type ``kind``."""
+    return any(isinstance(m, kind) for m in broker.middleware)
