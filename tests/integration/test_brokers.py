@@ -17,14 +17,15 @@ from brokers import broker_from_url
 from sql import inbox
 
 from ..helpers import message_for, now, scalar, wait_until
+from ..services import BROKER_URL_FIXTURES
 from . import processes
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["rabbitmq", "redis"])
+@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
 def broker_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue("amqp_url" if request.param == "rabbitmq" else "redis_url"))
+    return str(request.getfixturevalue(BROKER_URL_FIXTURES[request.param]))
 
 
 def _ping_through_outbox(conn: psycopg.Connection[object], count: int) -> list[uuid.UUID]:
