@@ -20,6 +20,7 @@ does on RabbitMQ and Redis works unchanged:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -30,7 +31,7 @@ import dramatiq.errors
 from confluent_kafka import KafkaError, KafkaException, Producer
 from dramatiq.common import current_millis, dq_name, xq_name
 
-from .kafka_config import ClientLog, KafkaConfig
+from .kafka_config import ClientErrors, ClientLog, KafkaConfig
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, is_unreachable
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class KafkaBroker(dramatiq.Broker):
         self.topics = TopicDeclarer(config)
         self.delivery_timeout = DELIVERY_TIMEOUT
         self._producer: Producer | None = None
+        self._errors = ClientErrors(logger)
         self._producer_lock = threading.Lock()
 
     # -- declaring --------------------------------------------------------------
@@ -173,7 +175,12 @@ class KafkaBroker(dramatiq.Broker):
         while not delivery.done.is_set():
             if time.monotonic() > deadline:
                 raise KafkaUnreachable(f"no delivery report from Kafka for {topic!r}")
-            producer.poll(0.05)
+            try:
+                producer.poll(0.05)
+            except KafkaException as exc:  # the producer failed for good (see _raise_for)
+                self._raise_for(exc.args[0], topic)
+            if self._errors.fatal is not None:
+                self._raise_for(self._errors.fatal, topic)
         if delivery.error is not None:
             self._raise_for(delivery.error, topic)
 
@@ -189,10 +196,14 @@ class KafkaBroker(dramatiq.Broker):
         """This broker's idempotent producer (created on first use)."""
         with self._producer_lock:
             if self._producer is None:
-                config = self.config.producer_config(
-                    CLIENT_ID, **{"message.timeout.ms": int(self.delivery_timeout * 1000), "linger.ms": 1}
-                )
-                self._producer = Producer({**config, "logger": ClientLog(logger)})
+                self._errors = ClientErrors(logger)
+                overrides = {
+                    "message.timeout.ms": int(self.delivery_timeout * 1000),
+                    "linger.ms": 1,
+                    "logger": ClientLog(logger),
+                    "error_cb": self._errors,
+                }
+                self._producer = Producer(self.config.producer_config(CLIENT_ID, **overrides))
             return self._producer
 
     def _reset_producer(self) -> None:
@@ -229,4 +240,5 @@ class KafkaBroker(dramatiq.Broker):
         with self._producer_lock:
             producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(5)
+            with contextlib.suppress(KafkaException):
+                producer.flush(5)

@@ -52,8 +52,10 @@ CONSUMER_REQUIRED = {
     "auto.offset.reset": "earliest",
 }
 #: Defaults a URL may override. A short session lets a killed worker's partitions move on
-#: quickly (and Tansu answers a join only after half the session timeout).
-CONSUMER_DEFAULTS = {"session.timeout.ms": "10000"}
+#: quickly (and Tansu answers a join only after half the session timeout). librdkafka
+#: pre-fetches up to 64 MB per consumer by default, and a worker has two consumers per
+#: queue: a few thousand records are plenty for Dramatiq's prefetch.
+CONSUMER_DEFAULTS = {"session.timeout.ms": "10000", "queued.min.messages": "1000", "queued.max.messages.kbytes": "8192"}
 PRODUCER_DEFAULTS = {"linger.ms": "5"}
 
 
@@ -233,3 +235,25 @@ class ClientLog:
                 return
             self._last[(level, facility)] = now
         self.logger.log(level, message, *args)
+
+
+class ClientErrors:
+    """librdkafka's error events (``error_cb``): logged like :class:`ClientLog`, a fatal one kept.
+
+    With an ``error_cb``, confluent-kafka hands a fatal error (a producer whose sequence the
+    broker lost, say) to it instead of raising it out of ``poll``/``flush``; the producer's
+    owner then sees :attr:`fatal`, drops the producer and makes a new one.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.log = ClientLog(logger)
+        #: The fatal ``KafkaError``, once one happened.
+        self.fatal: Any = None
+
+    def __call__(self, error: Any) -> None:
+        if error.fatal():
+            self.fatal = error
+            self.logger.error("Kafka client failed: %s", error.str())
+        else:
+            self.log.log(logging.WARNING, "%s [%s] %s", error.name(), "error", error.str())

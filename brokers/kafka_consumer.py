@@ -7,9 +7,11 @@ thread, as Dramatiq's other brokers do), and the consumer thread, each time Dram
 it for a message, settles what was handed over and commits every partition up to its
 lowest unfinished offset (:class:`brokers.kafka_offsets.PartitionOffsets`).
 
-Flow control: at most ``prefetch`` messages are unfinished at once; beyond that the
-consumer pauses its partitions but keeps polling, so it stays in its group however long
-the steps take.
+Flow control: at most ``prefetch`` messages are unfinished at once. While that many are,
+the consumer takes nothing more from librdkafka and waits for acknowledgements; if that
+lasts (long steps), it pauses its partitions and keeps polling, so it stays in its group
+however long the steps take. (Pausing at every full moment would cost a second per
+resume: librdkafka fetches a resumed partition again only on its next broker-thread wake-up.)
 
 Rebalances: partitions being revoked get ``rebalance_grace`` seconds for the messages
 already handed to Dramatiq to finish; then what is done is committed and the rest is
@@ -40,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait inside one poll, so handed-over acks are committed promptly.
 POLL_SLICE = 0.05
+#: Seconds at the prefetch limit before the partitions are paused (and polled again).
+PAUSE_AFTER = 2.0
 #: Commits are batched: at most one per partition set this often.
 COMMIT_INTERVAL = 0.1
 #: Commit errors that mean "a rebalance is under way": the revoke callback commits instead.
@@ -86,6 +90,8 @@ class KafkaConsumer(dramatiq.Consumer):
         self.buffer: deque[KafkaMessage] = deque()
         self.handed_over: queue.SimpleQueue[KafkaMessage] = queue.SimpleQueue()
         self.paused = False
+        #: When the prefetch limit was reached (``None``: below it).
+        self.full_since: float | None = None
         self.closing = False
         self.last_commit = 0.0
         config = broker.config.consumer_config(queue_name, "estafeta-worker")
@@ -130,10 +136,12 @@ class KafkaConsumer(dramatiq.Consumer):
             self._commit(force=False)
             if self.buffer:
                 return self.buffer.popleft()
-            self._flow_control()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
+            if self._full():
+                self._wait_while_full(min(remaining, POLL_SLICE))
+                continue
             try:
                 records = self._fetch(min(remaining, POLL_SLICE))
             except KafkaException as exc:
@@ -216,16 +224,38 @@ class KafkaConsumer(dramatiq.Consumer):
     def _unfinished(self) -> int:
         return sum(p.in_flight for p in self.partitions.values())
 
-    def _flow_control(self) -> None:
-        full = self._unfinished() >= self.prefetch
-        if full == self.paused:
+    def _full(self) -> bool:
+        """Whether ``prefetch`` messages are unfinished; resumes paused partitions when not."""
+        if self._unfinished() < self.prefetch:
+            self.full_since = None
+            if self.paused:
+                self.consumer.resume(self.consumer.assignment())
+                self.paused = False
+            return False
+        if self.full_since is None:
+            self.full_since = time.monotonic()
+        return True
+
+    def _wait_while_full(self, wait: float) -> None:
+        """Wait for an acknowledgement; after ``PAUSE_AFTER`` seconds, pause and poll instead.
+
+        Polling a paused consumer returns no records but serves rebalances and counts as
+        the application being alive (``max.poll.interval.ms``).
+        """
+        full_for = time.monotonic() - (self.full_since or time.monotonic())
+        if not self.paused and full_for >= PAUSE_AFTER:
+            self.consumer.pause(self.consumer.assignment())
+            self.paused = True
+        if self.paused:
+            record = self.consumer.poll(wait)
+            if record is not None:
+                self._receive(record)  # from a partition assigned since the pause
             return
-        assignment = self.consumer.assignment()
-        if full:
-            self.consumer.pause(assignment)
-        else:
-            self.consumer.resume(assignment)
-        self.paused = full
+        try:
+            message = self.handed_over.get(timeout=wait)
+        except queue.Empty:
+            return
+        self.handed_over.put(message)  # settled with the others, in order
 
     # -- settling and committing --------------------------------------------------
 

@@ -13,6 +13,7 @@ free of duplicates across its own retries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from sql.outbox import OutboxRow
 
 from .kafka import KafkaBroker, message_headers
-from .kafka_config import ClientLog, KafkaConfig
+from .kafka_config import ClientErrors, ClientLog, KafkaConfig
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, error_text, is_unreachable
 from .publish import PublishOutcome, after_refusals, encode
 
@@ -31,6 +32,22 @@ logger = logging.getLogger(__name__)
 
 #: The name the relay's producer carries on the broker.
 CLIENT_ID = "estafeta-relay"
+
+#: Delivery errors that are the producer's state, never the record's: the producer is
+#: replaced and the rows stay pending without an attempt counted (a broker that lost the
+#: producer's sequences after a restart reports them; purges come from dropping it).
+PRODUCER_FAILURES = {
+    KafkaError._FATAL,
+    KafkaError._PURGE_QUEUE,
+    KafkaError._PURGE_INFLIGHT,
+    KafkaError._DESTROY,
+    KafkaError._INCONSISTENT,
+    KafkaError._GAPLESS_GUARANTEE,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING,
+}
 
 
 class _Batch:
@@ -49,7 +66,7 @@ class _Batch:
         self.reported += 1
         if error is None:
             self.delivered.add(row.id)
-        elif error.fatal():
+        elif error.fatal() or error.code() in PRODUCER_FAILURES:
             self.fatal = True
             self.outage = f"the Kafka producer failed: {error.str()}"
         elif error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
@@ -75,6 +92,7 @@ class KafkaPublisher:
         self.confirm_timeout = confirm_timeout
         self.topics = TopicDeclarer(config, timeout=min(confirm_timeout, 10.0))
         self._producer: Producer | None = None
+        self._errors = ClientErrors(logger)
         #: Set after an outage: the next batch first checks that Kafka answers, instead
         #: of queueing a batch in librdkafka that would only time out.
         self._suspect = True
@@ -92,7 +110,7 @@ class KafkaPublisher:
             self._check_reachable()
             refused = self.topics.declare({row.queue_name for row in rows})
         except KafkaUnavailable as exc:
-            self._suspect = True
+            self._outage()
             return PublishOutcome(broker_error=str(exc))
         failed = {row.id: refused[row.queue_name] for row in rows if row.queue_name in refused}
         batch = _Batch()
@@ -101,7 +119,7 @@ class KafkaPublisher:
         for queue_name in batch.unknown_topics:
             self.topics.forget(queue_name)
         if batch.outage:
-            self._suspect = True
+            self._outage()
         confirmed = [row.id for row in batch.produced if row.id in batch.delivered]
         return PublishOutcome(confirmed=confirmed, failed={**failed, **batch.failed}, broker_error=batch.outage)
 
@@ -144,13 +162,28 @@ class KafkaPublisher:
         producer = self._client()
         # librdkafka reports every record by message.timeout.ms (= confirm_timeout) at the latest.
         deadline = time.monotonic() + self.confirm_timeout + 5
-        while batch.reported < len(batch.produced) and time.monotonic() < deadline:
-            producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        try:
+            while batch.reported < len(batch.produced) and time.monotonic() < deadline and not self._errors.fatal:
+                producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            batch.fatal = True
+            batch.outage = f"the Kafka producer failed: {error_text(exc)}"
+        if self._errors.fatal is not None:
+            # A fatal error (a broker that lost the producer's sequence, say after a restart
+            # without its data) ends this producer: the rows stay pending, a new one takes over.
+            batch.fatal = True
+            batch.outage = f"the Kafka producer failed: {self._errors.fatal.str()}"
         if batch.reported < len(batch.produced):
             batch.outage = batch.outage or f"no delivery reports from Kafka within {self.confirm_timeout:g} s"
             self._drop_producer()
         elif batch.fatal:
             self._drop_producer()
+
+    def _outage(self) -> None:
+        # Probe the cluster before the next batch, and look at its topics again: a cluster
+        # rebuilt meanwhile (or a broker that kept nothing) may not have them any more.
+        self._suspect = True
+        self.topics.forget()
 
     def _check_reachable(self) -> None:
         if not self._suspect:
@@ -163,18 +196,25 @@ class KafkaPublisher:
 
     def _client(self) -> Producer:
         if self._producer is None:
-            overrides = {"message.timeout.ms": int(self.confirm_timeout * 1000), "logger": ClientLog(logger)}
+            self._errors = ClientErrors(logger)
+            overrides = {
+                "message.timeout.ms": int(self.confirm_timeout * 1000),
+                "logger": ClientLog(logger),
+                "error_cb": self._errors,
+            }
             self._producer = Producer(self.config.producer_config(CLIENT_ID, **overrides))
         return self._producer
 
     def _drop_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.purge()
-            producer.flush(0)
+            with contextlib.suppress(KafkaException):  # a producer in a fatal state refuses these too
+                producer.purge()
+                producer.flush(0)
 
     def close(self) -> None:
         """Wait briefly for records in flight, then drop the producer."""
         if self._producer is not None:
-            self._producer.flush(min(self.confirm_timeout, 5.0))
+            with contextlib.suppress(KafkaException):
+                self._producer.flush(min(self.confirm_timeout, 5.0))
         self._producer = None

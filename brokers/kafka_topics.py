@@ -78,10 +78,13 @@ class TopicDeclarer:
             self.declared.update(q for q in missing if q not in refused)
             return refused
 
-    def forget(self, queue_name: str) -> None:
-        """Check ``queue_name``'s topics again next time (one was deleted behind our back)."""
+    def forget(self, queue_name: str | None = None) -> None:
+        """Check ``queue_name``'s topics (all, if ``None``) again next time: one may be gone."""
         with self._lock:
-            self.declared.discard(q_name(queue_name))
+            if queue_name is None:
+                self.declared.clear()
+            else:
+                self.declared.discard(q_name(queue_name))
 
     def _invalid(self, queue_name: str) -> str | None:
         for name in queue_topics(queue_name):

@@ -230,3 +230,20 @@ def test_a_dead_letter_kafka_refuses_does_not_stop_the_partition(kafka_url, kafk
         log = first.output()
     assert f"cannot dead-letter {parse_kafka_url(url).topic('kafkacheck')}[0]@0" in log
     assert "stays in that topic until its retention ends" in log
+
+
+def test_a_worker_busy_for_longer_than_max_poll_interval_keeps_its_partitions(
+    kafka_url, kafkacheck, conn, tmp_path: Path
+) -> None:
+    # One thread (prefetch 2), messages of 4 s each, and librdkafka's liveness limit at 3 s:
+    # a consumer that stopped polling while full would be thrown out of its group, and its
+    # unfinished messages delivered again.
+    url = one_partition(kafka_url) + "&consumer.max.poll.interval.ms=3000"
+    send(url, *range(4))
+    env = processes.service_env(kafkacheck, url, KAFKACHECK_SLOW="0,1,2", KAFKACHECK_SLOW_SECONDS="4")
+    first = processes.workers(env, tmp_path, module=WORKER, threads=1)
+    with processes.running(first):
+        wait_until(lambda: sorted(done(conn)) == list(range(4)), timeout=60, what="the slow messages, one by one")
+        log = first.output()
+    assert deliveries(conn) == Counter(range(4))  # nothing delivered twice
+    assert "revoked" not in log and "lost" not in log and "MAXPOLL" not in log
