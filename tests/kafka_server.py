@@ -29,8 +29,9 @@ from .services import RUN_ID, require
 
 #: Consumer settings for a quick test run: a killed worker's partitions move on after 2 s
 #: (Tansu also answers a group join only after half the session timeout), and fetches
-#: return within 10 ms (Tansu 0.6 does not end a waiting fetch of several partitions
-#: when records arrive, so the default 500 ms wait would be added to every hop).
+#: return within 10 ms (Tansu 0.6 does not end a waiting fetch when records arrive, so
+#: the default 500 ms wait would be added to every hop of a test's few messages; under
+#: sustained load fetches find records anyway, and the short wait only costs Tansu CPU).
 FAST_CONSUMERS = "consumer.session.timeout.ms=2000&consumer.heartbeat.interval.ms=500&consumer.fetch.wait.max.ms=10"
 
 
