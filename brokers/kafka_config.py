@@ -127,20 +127,7 @@ def parse_kafka_url(url: str) -> KafkaConfig:
         raise ValueError(f"a kafka:// URL has no path (got {parts.path!r}); name topics with ?topic_prefix=")
     userinfo, _, hosts = parts.netloc.rpartition("@")
     servers = tuple(_server(host) for host in hosts.split(","))
-    options: dict[str, Any] = {}
-    common: dict[str, str] = {}
-    producer: dict[str, str] = {}
-    consumer: dict[str, str] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)):
-        if name.startswith("producer."):
-            producer[name.removeprefix("producer.")] = value
-        elif name.startswith("consumer."):
-            consumer[name.removeprefix("consumer.")] = value
-        elif "." in name:
-            common[name] = value
-        else:
-            field = _option_name(name)
-            options[field] = _option(name, value)
+    options, common, producer, consumer = _parameters(parts.query)
     if userinfo:
         user, _, password = userinfo.partition(":")
         common = {
@@ -151,6 +138,25 @@ def parse_kafka_url(url: str) -> KafkaConfig:
             **common,
         }
     return KafkaConfig(servers=servers, common=common, producer=producer, consumer=consumer, **options)
+
+
+def _parameters(query: str) -> tuple[dict[str, Any], dict[str, str], dict[str, str], dict[str, str]]:
+    """estafeta's options, and the librdkafka properties for every client, producers, consumers."""
+    options: dict[str, Any] = {}
+    common: dict[str, str] = {}
+    producer: dict[str, str] = {}
+    consumer: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if name.startswith("producer."):
+            producer[name.removeprefix("producer.")] = value
+        elif name.startswith("consumer."):
+            consumer[name.removeprefix("consumer.")] = value
+        elif "." in name:
+            common[name] = value
+        else:
+            field = _option_name(name)
+            options[field] = _option(name, value)
+    return options, common, producer, consumer
 
 
 def _server(host: str) -> str:
@@ -250,10 +256,14 @@ class ClientErrors:
         self.log = ClientLog(logger)
         #: The fatal ``KafkaError``, once one happened.
         self.fatal: Any = None
+        #: When librdkafka last said that every broker was down (``time.monotonic()``).
+        self.all_down_at: float | None = None
 
     def __call__(self, error: Any) -> None:
         if error.fatal():
             self.fatal = error
             self.logger.error("Kafka client failed: %s", error.str())
         else:
+            if error.name() == "_ALL_BROKERS_DOWN":
+                self.all_down_at = time.monotonic()
             self.log.log(logging.WARNING, "%s [%s] %s", error.name(), "error", error.str())

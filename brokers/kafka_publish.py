@@ -26,7 +26,7 @@ from sql.outbox import OutboxRow
 from .kafka import KafkaBroker, message_headers
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, error_text, is_unreachable
-from .publish import PublishOutcome, after_refusals, encode
+from .publish import PublishOutcome, after_refusals, describe, encode
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +68,12 @@ class _Batch:
             self.delivered.add(row.id)
         elif error.fatal() or error.code() in PRODUCER_FAILURES:
             self.fatal = True
-            self.outage = f"the Kafka producer failed: {error.str()}"
+            self.outage = self.outage or f"the Kafka producer failed: {error.str()}"
         elif error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
             # Deleted behind our back: not the row's fault; the topic is created again.
             self.unknown_topics.add(row.queue_name)
         elif is_unreachable(error) or error.code() == KafkaError._MSG_TIMED_OUT:
-            self.outage = f"Kafka did not acknowledge records for {topic!r}: {error.str()}"
+            self.outage = self.outage or f"Kafka did not acknowledge records for {topic!r}: {error.str()}"
         else:
             self.failed[row.id] = f"Kafka refused the record for topic {topic!r}: {error.str()}"
 
@@ -114,8 +114,16 @@ class KafkaPublisher:
             return PublishOutcome(broker_error=str(exc))
         failed = {row.id: refused[row.queue_name] for row in rows if row.queue_name in refused}
         batch = _Batch()
-        self._produce(after_refusals(rows, failed), batch)
-        self._wait(batch)
+        try:
+            self._produce(after_refusals(rows, failed), batch)
+            self._wait(batch)
+        except (KafkaException, SystemError) as exc:
+            # A producer that failed for good (a broker that lost its sequences, say after a
+            # restart without its data) raises out of poll/flush; once, confluent-kafka 2.16
+            # raised a SystemError there instead. Either way: replace it, rows stay pending.
+            batch.fatal = True
+            batch.outage = f"the Kafka producer failed: {describe(exc)}"
+            self._drop_producer()
         for queue_name in batch.unknown_topics:
             self.topics.forget(queue_name)
         if batch.outage:
@@ -161,13 +169,15 @@ class KafkaPublisher:
     def _wait(self, batch: _Batch) -> None:
         producer = self._client()
         # librdkafka reports every record by message.timeout.ms (= confirm_timeout) at the latest.
-        deadline = time.monotonic() + self.confirm_timeout + 5
-        try:
-            while batch.reported < len(batch.produced) and time.monotonic() < deadline and not self._errors.fatal:
-                producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
-        except KafkaException as exc:
-            batch.fatal = True
-            batch.outage = f"the Kafka producer failed: {error_text(exc)}"
+        started = time.monotonic()
+        deadline = started + self.confirm_timeout + 5
+        while batch.reported < len(batch.produced) and time.monotonic() < deadline and not self._errors.fatal:
+            producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            if (self._errors.all_down_at or 0) >= started:
+                # Every broker went away: no need to wait out the confirm timeout (what
+                # Kafka already has comes again with the rows, a copy the inboxes absorb).
+                batch.outage = f"every Kafka broker at {self.config.bootstrap} is down"
+                break
         if self._errors.fatal is not None:
             # A fatal error (a broker that lost the producer's sequence, say after a restart
             # without its data) ends this producer: the rows stay pending, a new one takes over.
@@ -208,7 +218,7 @@ class KafkaPublisher:
     def _drop_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            with contextlib.suppress(KafkaException):  # a producer in a fatal state refuses these too
+            with contextlib.suppress(KafkaException, SystemError):  # a failed producer may refuse these too
                 producer.purge()
                 producer.flush(0)
 
