@@ -33,15 +33,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-$(VENV)/.bench-installed: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,embedded,bench]'
-	touch $@
-
 ## Benchmarks: each prints its figures beside the baselines measured in the same run.
-bench: $(VENV)/.bench-installed
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench.relay
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks
+	$(BIN)/python -m bench.observe
 
 clean:
 	rm -rf $(VENV) .estafeta build *.egg-info

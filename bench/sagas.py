@@ -11,6 +11,10 @@ Tansu the benchmark starts), with ``dramatiq actors`` worker processes and an
   per second, the step messages per second they cost (orchestrator replies included),
   and latency p50/p99 from placing to the end.
 
+and, in the same run, the peers (bench/peers.py): procrastinate's worker doing a one-row
+write per job on the same database server, and a bare Dramatiq actor on the same
+RabbitMQ; estafeta's step rate is printed as a multiple of each.
+
 Work is placed in one transaction once the workers answer, and timed with the database's
 own timestamps, so process start-up is not counted. Figures measured while other work
 runs on the machine are noisy: say so when you quote them.
@@ -45,6 +49,7 @@ from actors.pingpong import Ping
 from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings, build_relay
 
+from . import peers
 from .common import describe, machine, rabbitmq_vhost, reachable, redis_namespace, scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,6 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as run_resources:
         dsn = run_resources.enter_context(scratch_database(args.database_url, _migrate))
         harnesses: list[tuple[str, Any]] = [("stub", lambda: stub_harness(dsn))]
+        amqp: str | None = None
         if reachable(args.amqp_url, 5672):
             amqp = run_resources.enter_context(rabbitmq_vhost(args.amqp_url))
             harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, args.processes)))
@@ -203,6 +209,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "baseline": measure_pings(runtime, args.pings),
                     "sagas": measure_sagas(runtime, args.orders),
                 }
+        if args.peers:
+            results["peers"] = _peers(args, dsn, amqp)
     return results
 
 
@@ -217,6 +225,13 @@ def _kafka(resources: contextlib.ExitStack) -> str | None:
     return url
 
 
+def _peers(args: argparse.Namespace, dsn: str, amqp: str | None) -> dict[str, Any]:
+    found = {"procrastinate": peers.procrastinate_rate(dsn, args.peer_jobs)}
+    if amqp is not None and reachable(args.redis_url, 6379):
+        found["dramatiq"] = peers.dramatiq_rate(amqp, args.redis_url, args.peer_messages, args.processes)
+    return found
+
+
 def table(results: dict[str, Any], processes: int) -> str:
     """The figures, one broker per line, the baseline beside the sagas."""
     lines = [
@@ -225,14 +240,31 @@ def table(results: dict[str, Any], processes: int) -> str:
         f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
         f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}",
     ]
-    for name, r in results.items():
+    brokers = {name: r for name, r in results.items() if name != "peers"}
+    for name, r in brokers.items():
         base, sagas = r["baseline"]["step_messages_per_second"], r["sagas"]
         lines.append(
             f"{name:<10}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
             f"{sagas['messages_per_saga']:>12.1f}{sagas['step_messages_per_second'] / base:>12.0%}"
             f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _peer_lines(brokers, results.get("peers", {})))
+
+
+def _peer_lines(brokers: dict[str, Any], found: dict[str, Any]) -> list[str]:
+    """Each peer's rate, and each broker's ping/pong step rate as a multiple of it."""
+    lines = []
+    labels = {
+        "procrastinate": "procrastinate worker (--concurrency 8), one-row write per job",
+        "dramatiq": "bare Dramatiq actor on RabbitMQ, same processes and threads",
+    }
+    for peer, figures in found.items():
+        rate = figures["per_second"]
+        multiples = ", ".join(
+            f"{name} {r['baseline']['step_messages_per_second'] / rate:.2f}x" for name, r in brokers.items()
+        )
+        lines.append(f"peer: {labels[peer]}: {rate:,.0f}/s; estafeta steps = {multiples}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -241,6 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pings", type=int, default=1000, help="ping/pong round trips per broker (default 1000)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes on real brokers (default 2)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip procrastinate and bare Dramatiq")
+    parser.add_argument("--peer-jobs", type=int, default=5000, help="procrastinate jobs (default 5000)")
+    parser.add_argument("--peer-messages", type=int, default=20000, help="bare Dramatiq messages (default 20000)")
     parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),

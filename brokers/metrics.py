@@ -2,7 +2,10 @@
 
 Counters and the latency histogram are updated per batch. The outbox gauges
 (pending, failed, oldest pending age) are read from PostgreSQL when Prometheus scrapes,
-so they show what is in the tables, whichever relay (or none) is draining them.
+so they show what is in the tables, whichever relay (or none) is draining them; the
+worker processes serve them too. Every name is ``estafeta_outbox_*``: the seed's names
+(``outbox_pending_count``, ``outbox_publish_latency_seconds``, ``outbox_failed_count``)
+in estafeta's namespace.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Rows the broker confirmed (and the relay deleted), per service.
-PUBLISHED = Counter("outbox_published", "Outbox rows published and confirmed by the broker", ["service"])
+PUBLISHED = Counter("estafeta_outbox_published", "Outbox rows published and confirmed by the broker", ["service"])
 #: Publish attempts the broker refused (each counts against the row's attempts), per service.
-PUBLISH_FAILED = Counter("outbox_publish_failed", "Outbox rows the broker refused (one per attempt)", ["service"])
+PUBLISH_FAILED = Counter(
+    "estafeta_outbox_publish_failed", "Outbox rows the broker refused (one per attempt)", ["service"]
+)
 #: Batches that found the broker unreachable (their rows stayed pending), per service.
 BROKER_UNAVAILABLE = Counter(
-    "outbox_broker_unavailable", "Batches left pending because the broker was unreachable", ["service"]
+    "estafeta_outbox_broker_unavailable", "Batches left pending because the broker was unreachable", ["service"]
 )
 #: From the row's creation (its transaction's start) to the broker's confirm.
 PUBLISH_LATENCY = Histogram(
-    "outbox_publish_latency_seconds",
+    "estafeta_outbox_publish_latency_seconds",
     "Seconds from an outbox row's creation (transaction start) to the broker's confirm",
     ["service"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
@@ -65,14 +70,16 @@ class OutboxCollector(Collector):
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-        pending = GaugeMetricFamily("outbox_pending_count", "Outbox rows not yet published", labels=["service"])
+        pending = GaugeMetricFamily(
+            "estafeta_outbox_pending_count", "Outbox rows not yet published", labels=["service"]
+        )
         failed = GaugeMetricFamily(
-            "outbox_failed_count",
+            "estafeta_outbox_failed_count",
             "Outbox rows that exhausted their attempts (estafeta outbox retry)",
             labels=["service"],
         )
         oldest = GaugeMetricFamily(
-            "outbox_oldest_pending_age_seconds",
+            "estafeta_outbox_oldest_pending_age_seconds",
             "How long the longest-waiting row that should be published by now has waited",
             labels=["service"],
         )

@@ -30,7 +30,7 @@ from sql import outbox as store
 from sql.errors import DatabaseError
 from sql.pool import Database
 
-from . import metrics
+from . import metrics, tracing
 from .errors import BrokerUnavailable
 from .publish import Publisher
 
@@ -77,10 +77,14 @@ class BatchResult:
 class Relay:
     """Drains ``outboxes`` through ``publisher``."""
 
-    def __init__(self, outboxes: Sequence[Outbox], publisher: Publisher, config: RelayConfig) -> None:
+    def __init__(
+        self, outboxes: Sequence[Outbox], publisher: Publisher, config: RelayConfig, *, system: str = "dramatiq"
+    ) -> None:
         self.outboxes = list(outboxes)
         self.publisher = publisher
         self.config = config
+        #: ``messaging.system`` of the broker, for the batches' ``send`` spans.
+        self.system = system
         #: Set by NOTIFY (and by anyone who wants the relay to look now).
         self.wake = threading.Event()
 
@@ -91,7 +95,9 @@ class Relay:
             if not rows:
                 return BatchResult(0, 0, 0)
             claimed_at = time.monotonic()
-            outcome = self.publisher.publish(rows)
+            with tracing.sending(outbox.schema, rows, self.system) as span:
+                outcome = self.publisher.publish(rows)
+                tracing.sent(span, len(outcome.confirmed), len(outcome.failed), outcome.broker_error)
             confirmed_after = time.monotonic() - claimed_at
             store.delete_published(conn, outbox.schema, outcome.confirmed)
             self._record_failures(conn, outbox, rows, outcome.failed)

@@ -8,6 +8,7 @@ import sys
 import click
 
 from estafeta import EstafetaError
+from estafeta import _logs as logs
 
 from .context import ORDER_SYSTEM, AppContext
 
@@ -27,8 +28,16 @@ EXIT_FAILURE = 1
     metavar="MODULE[:NAME]",
     help="The app to work on: a module defining an estafeta App (its `app`, or NAME) [ESTAFETA_APP].",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="ESTAFETA_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="Log lines as text, or one JSON object per line [ESTAFETA_LOG_FORMAT].",
+)
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, app_spec: str) -> None:
+def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> None:
     """estafeta: transactional outbox, idempotent inbox, sagas and fenced locks for Dramatiq.
 
     Runtime commands (migrate, relay, outbox, sagas) work on any app; seed, orders, demo
@@ -37,7 +46,7 @@ def cli(ctx: click.Context, verbose: int, app_spec: str) -> None:
     PostgreSQL and the in-memory StubBroker.
     """
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(level, log_format)
     if not verbose:
         # The pool logs every failed reconnection; the command reports the outcome in one line.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 
+from estafeta import _tracing as tracing
+
 from .context import order_system
 
 if TYPE_CHECKING:
@@ -84,8 +86,9 @@ def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: i
     for batch in (who[i : i + BATCH] for i in range(0, len(who), BATCH)):
         with runtime.database("orders").transaction() as conn:
             for customer, sku, key in batch:
-                placed.append(
-                    place_order(
+                # Each order starts a trace of its own: its saga's messages are all in it.
+                with tracing.span("orders place") as span:
+                    order = place_order(
                         conn,
                         customer_id=customer,
                         sku=sku,
@@ -94,7 +97,11 @@ def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: i
                         idempotency_key=key,
                         step_timeout=runtime.settings.saga_step_timeout,
                     )
-                )
+                    if span is not None:
+                        span.set_attributes(
+                            {"estafeta.order.id": str(order.order_id), "estafeta.saga.id": str(order.saga_id)}
+                        )
+                placed.append(order)
     return placed
 
 

@@ -11,13 +11,16 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
 from brokers import broker_from_url
+from brokers.tracing import messaging_system
 
+from . import _tracing as tracing
 from ._errors import SettingsError
-from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, has_middleware
+from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, WorkerLogs, has_middleware
 from ._runtime import Runtime
 from ._settings import Settings
 from ._steps import declare_actors
 from ._watchdog import WatchdogMiddleware
+from ._worker_metrics import WorkerMetrics
 
 if TYPE_CHECKING:
     from ._app import App
@@ -48,9 +51,14 @@ def bind_app(app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, 
         broker = broker_from_url(runtime.settings.broker_url)
         if isinstance(broker, StubBroker):
             broker.add_middleware(RefuseStubBroker())
+        # Only the `dramatiq` command's worker processes emit process_boot: these act there.
+        broker.add_middleware(WorkerLogs(runtime.settings.log_format))
+        if runtime.settings.metrics_port is not None:
+            broker.add_middleware(WorkerMetrics(app.service_names, app.sagas))
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
     dramatiq.set_broker(broker)
+    tracing.use_messaging_system(messaging_system(broker))
     actors = declare_actors(broker, runtime, app.steps.values())
     if watchdog and app.sagas:
         _watch(broker, runtime, app)

@@ -10,6 +10,8 @@ import dramatiq
 
 from sql.embedded import DEFAULT_DATA_DIR
 
+from . import _logs as logs
+
 #: What a worker on the StubBroker says before it stops.
 STUB_REFUSAL = (
     "estafeta: ESTAFETA_BROKER_URL is stub:// (the default), and the StubBroker only runs inside one"
@@ -49,6 +51,21 @@ class EmbeddedDatabaseNotice(dramatiq.Middleware):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class WorkerLogs(dramatiq.Middleware):
+    """Makes a ``dramatiq`` worker process's log lines name the message they were written for.
+
+    At boot (after Dramatiq set up its handlers), every root handler gets the filter that
+    adds the actor, message id, saga id and trace id, and the format of
+    ``ESTAFETA_LOG_FORMAT`` (``text`` keeps Dramatiq's line and appends them; ``json``).
+    """
+
+    def __init__(self, log_format: str = "text") -> None:
+        self.log_format = log_format
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        logs.adopt_handlers(self.log_format)
 
 
 def has_middleware(broker: dramatiq.Broker, kind: type[Any]) -> bool:

@@ -23,8 +23,9 @@ import psycopg
 
 from sql import outbox as store
 
+from . import _tracing as tracing
 from ._errors import RoutingError
-from ._messages import new_traceparent, to_json
+from ._messages import to_json
 from ._step_spec import Router
 
 
@@ -54,7 +55,9 @@ def send(
 
     ``message_id`` makes a re-send deduplicable by the receiver's inbox; ``delay``
     (seconds or a ``timedelta``) holds it in the outbox until then; rows sharing an
-    ``ordering_key`` reach the broker in commit order.
+    ``ordering_key`` reach the broker in commit order. The row's ``traceparent`` is its
+    ``create`` span's context: a child of the current span, or of ``traceparent`` when
+    no span is current (see :mod:`estafeta._tracing`).
     """
     if to is None:
         handlers = router.handlers(type(command))
@@ -103,22 +106,25 @@ def _write(
     options: Mapping[str, Any] | None,
     traceparent: str | None,
 ) -> None:
-    message_options: dict[str, Any] = {**(options or {}), "traceparent": new_traceparent(traceparent)}
+    message_options: dict[str, Any] = dict(options or {})
     if saga_id is not None:
         message_options["saga_id"] = str(saga_id)
     if isinstance(delay, int | float):
         delay = timedelta(seconds=delay)
-    store.insert(
-        conn,
-        service,
-        store.OutgoingMessage(
-            message_id=message_id,
-            queue_name=to.queue_name,
-            actor_name=to.actor_name,
-            args=[to_json(body)],
-            options=message_options,
-            ordering_key=ordering_key,
-            saga_id=saga_id,
-            delay=delay or timedelta(0),
-        ),
-    )
+    # The row stores its creation context: the `create` span's, never the relay's.
+    with tracing.creating(to.queue_name, to.actor_name, message_id, saga_id, traceparent) as trace_context:
+        message_options.update(trace_context)
+        store.insert(
+            conn,
+            service,
+            store.OutgoingMessage(
+                message_id=message_id,
+                queue_name=to.queue_name,
+                actor_name=to.actor_name,
+                args=[to_json(body)],
+                options=message_options,
+                ordering_key=ordering_key,
+                saga_id=saga_id,
+                delay=delay or timedelta(0),
+            ),
+        )

@@ -12,6 +12,7 @@ from psycopg import conninfo
 
 from brokers.publish import publisher_for
 from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.tracing import messaging_system
 from sql.pool import Database
 
 from ._runtime import Runtime
@@ -43,7 +44,7 @@ def build_relay(runtime: Runtime, broker: dramatiq.Broker, services: Sequence[st
             databases[dsn] = Database(named, min_size=1, max_size=2)
         outboxes.append(Outbox(name, databases[dsn]))
     options = {"confirm_timeout": overrides["confirm_timeout"]} if overrides.get("confirm_timeout") else {}
-    return Relay(outboxes, publisher_for(broker, **options), config)
+    return Relay(outboxes, publisher_for(broker, **options), config, system=messaging_system(broker))
 
 
 def close_relay(relay: Relay) -> None:

@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 REPLIES = Counter("estafeta_saga_replies", "Saga replies by outcome", ["saga", "outcome"])
 #: Transitions by saga and the status entered.
 TRANSITIONS = Counter("estafeta_saga_transitions", "Saga transitions by status entered", ["saga", "status"])
+#: Compensations done (the participant answered a compensation command), by saga and step:
+#: the seed's ``saga_compensation_total``.
+COMPENSATIONS = Counter("estafeta_saga_compensation", "Compensating steps done, by saga and step", ["saga", "step"])
 
 
 class Saga:
@@ -230,6 +233,8 @@ class Saga:
         self._move(conn, row, "compensating", plan[0], "compensating", reason, compensations=plan, error=reason)
 
     def _compensation_done(self, conn: psycopg.Connection[Any], row: SagaRow, tp: str | None) -> None:
+        if self._by_name[row.current_step] not in self.after_compensation:
+            COMPENSATIONS.labels(self.name, row.current_step).inc()
         plan = row.compensations or []
         index = plan.index(row.current_step)
         if index + 1 < len(plan):

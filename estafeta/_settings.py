@@ -35,11 +35,17 @@ _INTEGERS: dict[str, tuple[str, float]] = {
     "LOCK_TIMEOUT_MS": ("lock_timeout_ms", 1),
     "LOCK_TTL_MS": ("lock_ttl_ms", 1),
     "POOL_SIZE": ("pool_size", 1),
+    "METRICS_PORT": ("metrics_port", 1),
 }
 _FLOATS: dict[str, tuple[str, float]] = {
     "RELAY_POLL_INTERVAL": ("relay_poll_interval", 0.01),
     "SAGA_STEP_TIMEOUT": ("saga_step_timeout", 0.01),
     "SAGA_WATCH_INTERVAL": ("saga_watch_interval", 0.01),
+    "SAGA_STUCK_AFTER": ("saga_stuck_after", 0.01),
+}
+#: Settings with a fixed set of values: variable suffix -> (attribute, allowed values).
+_CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "LOG_FORMAT": ("log_format", ("text", "json")),
 }
 
 
@@ -78,6 +84,16 @@ class Settings:
     saga_step_timeout: float = 30.0
     #: Seconds between the saga watchdog's looks for sagas past their deadline.
     saga_watch_interval: float = 1.0
+    #: Seconds a live saga may stay in one state (re-sends are not progress) before the
+    #: metrics count it as stuck (``estafeta_sagas_stuck``).
+    saga_stuck_after: float = 300.0
+    #: ``text`` or ``json``: how ``dramatiq`` worker processes (and the CLI) write log lines.
+    log_format: str = "text"
+    #: The port where each ``dramatiq`` command serves the Prometheus metrics of all its
+    #: worker processes (``None``: no metrics server).
+    metrics_port: int | None = None
+    #: The address that metrics server listens on.
+    metrics_host: str = "0.0.0.0"
 
     def database_url_for(self, service: str) -> str:
         """The DSN of ``service``'s database."""
@@ -107,6 +123,11 @@ class Settings:
                 values["broker_url"] = _broker_url(name, value)
             elif suffix == "LOCK_URL":
                 values["lock_url"] = _lock_url(name, value)
+            elif suffix == "METRICS_HOST":
+                values["metrics_host"] = value.strip() or "0.0.0.0"
+            elif suffix in _CHOICES:
+                attribute, allowed = _CHOICES[suffix]
+                values[attribute] = _choice(name, value, allowed)
             elif suffix in _INTEGERS:
                 attribute, minimum = _INTEGERS[suffix]
                 values[attribute] = _number(name, value, int, minimum)
@@ -118,6 +139,8 @@ class Settings:
         settings = cls(**values, service_database_urls=overrides)
         if settings.max_backoff_ms < settings.min_backoff_ms:
             raise SettingsError("ESTAFETA_MAX_BACKOFF_MS", "must not be below ESTAFETA_MIN_BACKOFF_MS")
+        if settings.metrics_port is not None and settings.metrics_port > 65535:
+            raise SettingsError("ESTAFETA_METRICS_PORT", f"{settings.metrics_port} is not a TCP port (1-65535)")
         return settings
 
 
@@ -162,6 +185,13 @@ def _lock_url(name: str, value: str) -> str:
     for url in value.split(","):
         if not url.strip().startswith(("redis://", "rediss://")):
             raise SettingsError(name, f"{redact_url(url.strip())!r} is neither 'postgres' nor a redis:// URL")
+    return value
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    value = value.strip().lower()
+    if value not in allowed:
+        raise SettingsError(name, f"{value!r} is not one of {', '.join(allowed)}")
     return value
 
 

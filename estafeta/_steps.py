@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -22,9 +23,11 @@ import psycopg
 from dramatiq.middleware import CurrentMessage
 
 from sql import inbox
+from sql.errors import LockNotAcquired
 from sql.pool import Database
 
 from . import _metrics as metrics
+from . import _observe as observe
 from . import _outbox as outbox
 from ._errors import BusinessFailure, InvalidMessage
 from ._locks import HeldLock
@@ -154,8 +157,16 @@ def deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) ->
     """Process one delivery of ``message`` by ``spec``; return the outcome.
 
     Any error other than a business failure is raised for Dramatiq to retry, except on the
-    last allowed attempt, when the message is dead-lettered with the error instead.
+    last allowed attempt, when the message is dead-lettered with the error instead. Each
+    delivery is one ``process`` span (a child of the message's creation context), its log
+    lines carry the actor, message id, saga id and trace id, and its outcome is counted.
     """
+    with observe.delivery(spec.actor_name, message) as seen:
+        seen.outcome = _deliver(spec, runtime, message, seen)
+    return Outcome(seen.outcome)
+
+
+def _deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], seen: observe.Seen) -> Outcome:
     database = runtime.database(spec.service)
     raw = {"args": list(message.args), "kwargs": dict(message.kwargs), "options": dict(message.options)}
     try:
@@ -167,15 +178,15 @@ def deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) ->
     except InvalidMessage as exc:
         return _park(spec, database, message_id, str(message_id), raw, str(exc))
     with database.connection() as conn:
-        attempts = inbox.count_attempt(conn, spec.service, spec.actor_name, message_id)
+        attempts = seen.attempt = inbox.count_attempt(conn, spec.service, spec.actor_name, message_id)
     if attempts > runtime.settings.max_deliveries:
         reason = f"delivered {attempts} times without finishing (does it kill its worker?)"
         return _park(spec, database, message_id, str(message_id), raw, reason)
     try:
         outcome = _run(spec, runtime, database, message, message_id, command, payload)
     except Exception as exc:
+        seen.error = exc
         if not _is_last_attempt(spec, runtime, message):
-            metrics.STEPS.labels(spec.actor_name, "error").inc()
             raise
         reason = f"failed {attempts} times, last: {type(exc).__name__}: {exc}"
         try:
@@ -183,7 +194,6 @@ def deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) ->
         except Exception:
             logger.exception("could not dead-letter %s %s; the broker will", spec.actor_name, message_id)
             raise exc from None
-    metrics.STEPS.labels(spec.actor_name, outcome).inc()
     return outcome
 
 
@@ -211,10 +221,7 @@ def _run(
             inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
             logger.info("%s: duplicate delivery of %s absorbed", spec.actor_name, message_id)
             return Outcome.DUPLICATE
-        held = None
-        if spec.lock is not None:
-            lock = runtime.locks.hold(conn, spec.lock(command), schema=spec.service, dsn=database.dsn)
-            held = after_transaction.enter_context(lock)
+        held = _take_lock(spec, runtime, database, conn, command, after_transaction)
         saga_id = message.options.get("saga_id")
         ctx = StepContext(
             conn=conn,
@@ -242,6 +249,29 @@ def _run(
             held.before_commit(conn)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
+
+
+def _take_lock(
+    spec: StepSpec,
+    runtime: Runtime,
+    database: Database,
+    conn: psycopg.Connection[Any],
+    command: Any,
+    after_transaction: contextlib.ExitStack,
+) -> HeldLock | None:
+    """Take the step's lock (if it declares one) until ``after_transaction`` closes; time the wait."""
+    if spec.lock is None:
+        return None
+    started = time.perf_counter()
+    try:
+        held = after_transaction.enter_context(
+            runtime.locks.hold(conn, spec.lock(command), schema=spec.service, dsn=database.dsn)
+        )
+    except LockNotAcquired:
+        metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
+        raise
+    metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
+    return held
 
 
 def _answer(
@@ -303,5 +333,4 @@ def _park(
             inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
         inbox.dead_letter(conn, spec.service, spec.actor_name, shown_id, raw, f"{spec.actor_name}: {reason}")
     logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
-    metrics.STEPS.labels(spec.actor_name, Outcome.DEAD_LETTERED).inc()
     return Outcome.DEAD_LETTERED

@@ -27,6 +27,7 @@ import psycopg.errors
 from sql import sagas as store
 from sql.errors import DatabaseError
 
+from . import _tracing as tracing
 from ._runtime import Runtime
 from ._saga import Saga
 
@@ -66,7 +67,9 @@ class Watchdog:
         handler, message_id = saga.target(seen)
         with self.runtime.database(handler.service).connection() as conn:
             parked = store.dead_letter_reason(conn, handler.service, handler.actor_name, message_id)
-        with database.transaction() as conn:
+        # The saga row keeps no trace context: what a deadline sends starts a trace of its own.
+        deadline = tracing.span(f"saga deadline {saga.name}", **{"estafeta.saga.id": str(saga_id)})
+        with deadline, database.transaction() as conn:
             row = store.lock_overdue(conn, saga.table, saga_id)
             if row is None or row.version != seen.version:
                 return None

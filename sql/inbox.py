@@ -55,6 +55,13 @@ def dead_letter(
     )
 
 
+def count_dead_letters(conn: psycopg.Connection[Any], schema: str) -> int:
+    """How many dead letters the service holds."""
+    row = conn.execute(query("count_dead_letters", schema)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def list_dead_letters(conn: psycopg.Connection[Any], schema: str, limit: int = 100) -> list[dict[str, Any]]:
     """The newest dead letters first."""
     with conn.cursor(row_factory=dict_row) as cur:

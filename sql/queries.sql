@@ -144,6 +144,9 @@ FROM {schema}.dead_letters
 ORDER BY id DESC
 LIMIT %(limit)s
 
+-- count_dead_letters --
+SELECT count(*) FROM {schema}.dead_letters
+
 -- prune_inbox --
 DELETE FROM {schema}.inbox WHERE processed_at < now() - %(older_than)s::interval
 

@@ -283,6 +283,16 @@ def count_by_status(conn: psycopg.Connection[Any], table: SagaTable) -> dict[str
     return {str(s): int(n) for s, n in conn.execute(query("count_by_status", table)).fetchall()}
 
 
+def stalls(conn: psycopg.Connection[Any], table: SagaTable, stuck_after: timedelta) -> tuple[int, float]:
+    """Live sagas in one state for longer than ``stuck_after``, and the longest such wait in seconds.
+
+    A saga's state is its version: a transition moves it, a re-send of the same command does not.
+    """
+    row = conn.execute(query("stalls", table), {"stuck_after": stuck_after}).fetchone()
+    assert row is not None
+    return int(row[0]), float(row[1])
+
+
 @attrs.frozen
 class Latency:
     """Start-to-end seconds of ended sagas."""

@@ -142,3 +142,15 @@ WHERE saga_id = ANY(%(ids)s::uuid[]) AND status IN ('completed', 'compensated', 
 SELECT status, last_error
 FROM {schema}.{table}
 WHERE saga_id = ANY(%(ids)s::uuid[])
+
+-- stalls --
+-- Live sagas by how long each has been in its current state: since the first log entry of
+-- its current version (a re-send is logged under the same version: it is not progress).
+SELECT count(*) FILTER (WHERE entered <= now() - %(stuck_after)s::interval) AS stuck,
+       coalesce(extract(epoch FROM now() - min(entered)), 0)::float8 AS longest_wait_seconds
+FROM (
+    SELECT coalesce((SELECT min(l.at) FROM {schema}.{log} AS l
+                     WHERE l.saga_id = s.saga_id AND l.version = s.version), s.updated_at) AS entered
+    FROM {schema}.{table} AS s
+    WHERE s.status IN ('running', 'compensating')
+) AS live

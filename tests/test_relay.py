@@ -191,27 +191,27 @@ def test_metrics_count_batches_and_read_the_outbox_when_scraped(conn, runtime, s
     def sample(name: str) -> float:
         return REGISTRY.get_sample_value(name, {"service": SCHEMA}) or 0.0
 
-    before = {n: sample(n) for n in ("outbox_published_total", "outbox_publish_failed_total")}
-    latencies = sample("outbox_publish_latency_seconds_count")
+    before = {n: sample(n) for n in ("estafeta_outbox_published_total", "estafeta_outbox_publish_failed_total")}
+    latencies = sample("estafeta_outbox_publish_latency_seconds_count")
     relay = make_relay(runtime, stub_broker)
     for seq in range(5):
         add(conn, None, seq)
     add(conn, "k", 0, queue="nowhere")
     add(conn, "k", 1)
     assert relay.drain_once() == 5
-    assert sample("outbox_published_total") - before["outbox_published_total"] == 5
-    assert sample("outbox_publish_failed_total") - before["outbox_publish_failed_total"] >= 1
-    assert sample("outbox_publish_latency_seconds_count") - latencies == 5
+    assert sample("estafeta_outbox_published_total") - before["estafeta_outbox_published_total"] == 5
+    assert sample("estafeta_outbox_publish_failed_total") - before["estafeta_outbox_publish_failed_total"] >= 1
+    assert sample("estafeta_outbox_publish_latency_seconds_count") - latencies == 5
     server = metrics.serve(0, relay.outboxes, "127.0.0.1")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
             text = response.read().decode()
     finally:
         server.shutdown()
-    assert 'outbox_pending_count{service="pingpong"} 2.0' in text
-    assert 'outbox_failed_count{service="pingpong"} 0.0' in text
-    assert 'outbox_oldest_pending_age_seconds{service="pingpong"}' in text
-    assert 'outbox_publish_latency_seconds_bucket{le="0.1",service="pingpong"}' in text
+    assert 'estafeta_outbox_pending_count{service="pingpong"} 2.0' in text
+    assert 'estafeta_outbox_failed_count{service="pingpong"} 0.0' in text
+    assert 'estafeta_outbox_oldest_pending_age_seconds{service="pingpong"}' in text
+    assert 'estafeta_outbox_publish_latency_seconds_bucket{le="0.1",service="pingpong"}' in text
 
 
 @pytest.mark.parametrize(("poll", "notify"), [(60.0, True), (0.2, False)], ids=["woken-by-notify", "found-by-poll"])

@@ -18,6 +18,14 @@ def test_defaults_need_no_configuration() -> None:
     assert settings.relay_max_attempts == 5
 
 
+def test_observability_settings() -> None:
+    settings = Settings.from_env(
+        {"ESTAFETA_LOG_FORMAT": "JSON", "ESTAFETA_METRICS_PORT": "9191", "ESTAFETA_SAGA_STUCK_AFTER": "120"}
+    )
+    assert (settings.log_format, settings.metrics_port, settings.saga_stuck_after) == ("json", 9191, 120.0)
+    assert Settings.from_env({}).metrics_port is None  # no worker metrics server unless asked
+
+
 def test_a_service_can_have_its_own_database() -> None:
     settings = Settings.from_env(
         {"ESTAFETA_DATABASE_URL": "dbname=shop", "ESTAFETA_PAYMENTS_DATABASE_URL": "host=db2 dbname=payments"}
@@ -41,6 +49,9 @@ def test_a_service_can_have_its_own_database() -> None:
         ({"ESTAFETA_RELAY_BATCH_SIZE": "0"}, "ESTAFETA_RELAY_BATCH_SIZE: 0 is below the minimum 1"),
         ({"ESTAFETA_BROKR_URL": "stub://"}, "ESTAFETA_BROKR_URL: unknown setting"),
         ({"ESTAFETA_MIN_BACKOFF_MS": "10", "ESTAFETA_MAX_BACKOFF_MS": "5"}, "ESTAFETA_MAX_BACKOFF_MS: must not be"),
+        ({"ESTAFETA_LOG_FORMAT": "xml"}, "ESTAFETA_LOG_FORMAT: 'xml' is not one of text, json"),
+        ({"ESTAFETA_METRICS_PORT": "70000"}, "ESTAFETA_METRICS_PORT: 70000 is not a TCP port"),
+        ({"ESTAFETA_SAGA_STUCK_AFTER": "0"}, "ESTAFETA_SAGA_STUCK_AFTER: 0 is below the minimum"),
     ],
 )
 def test_bad_values_name_the_variable_in_one_line_without_the_password(environ: dict[str, str], expected: str) -> None:

@@ -207,7 +207,7 @@ def test_relay_serves_metrics_and_logs_batches_without_payloads(database_url, re
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             text = response.read().decode()
         output = relay.output()
-    assert 'outbox_pending_count{service="pingpong"} 0.0' in text
-    assert 'outbox_published_total{service="pingpong"} 3.0' in text
+    assert 'estafeta_outbox_pending_count{service="pingpong"} 0.0' in text
+    assert 'estafeta_outbox_published_total{service="pingpong"} 3.0' in text
     assert "hunter2" not in output  # one line per batch, counts only: never a payload or key
     read_queue(redis_url, queue)

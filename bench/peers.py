@@ -1,0 +1,82 @@
+"""The peers ``python -m bench.sagas`` measures estafeta's steps against, in the same run.
+
+- procrastinate's worker (PostgreSQL job queue; ``--concurrency 8``) running a job that
+  writes one row, on the same database server;
+- a bare Dramatiq actor on the same RabbitMQ, ``dramatiq`` with the same processes and
+  threads as estafeta's workers, doing nothing but noting that it ran.
+
+Both are timed from the first to the last job's own timestamp, as the estafeta figures
+are, so process start-up is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+#: The jobs' own module, imported by the peers' worker processes.
+_PROCRASTINATE_APP = "bench.peer_jobs.procrastinate_app"
+_DRAMATIQ_MODULE = "bench.peer_jobs"
+
+
+def procrastinate_rate(dsn: str, jobs: int, concurrency: int = 8) -> dict[str, Any]:
+    """procrastinate's worker: jobs per second, each writing one row in a transaction of its own."""
+    from bench import peer_jobs
+
+    env = {**os.environ, "BENCH_DSN": dsn, "PYTHONPATH": str(ROOT)}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS peer_writes")
+        conn.execute("CREATE TABLE peer_writes (id int PRIMARY KEY, done_at timestamptz NOT NULL)")
+    peer_jobs.prepare_procrastinate(dsn, jobs)
+    worker = subprocess.Popen(
+        # Warnings only: its per-job INFO lines would cost it time a production worker does not spend.
+        [str(BIN / "procrastinate"), f"--app={_PROCRASTINATE_APP}", "--log-level", "warning",
+         "worker", "--concurrency", str(concurrency)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        seconds = _wait_for_rows(dsn, "SELECT count(*), extract(epoch FROM max(done_at) - min(done_at))"
+                                 " FROM peer_writes", jobs)  # fmt: skip
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    return {"jobs": jobs, "seconds": seconds, "per_second": (jobs - 1) / seconds, "concurrency": concurrency}
+
+
+def dramatiq_rate(amqp_url: str, redis_url: str, messages: int, processes: int, threads: int = 8) -> dict[str, Any]:
+    """A bare Dramatiq actor on RabbitMQ: messages per second end to end (enqueued before the workers start)."""
+    from bench import peer_jobs
+
+    env = {**os.environ, "BENCH_AMQP_URL": amqp_url, "BENCH_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    key = peer_jobs.prepare_dramatiq(amqp_url, redis_url, messages)
+    argv = [str(BIN / "dramatiq"), _DRAMATIQ_MODULE, "--processes", str(processes), "--threads", str(threads)]
+    workers = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        seconds = peer_jobs.wait_for_ticks(redis_url, key, messages)
+    finally:
+        workers.terminate()
+        workers.wait(30)
+        peer_jobs.forget(amqp_url, redis_url, key)
+    return {"messages": messages, "seconds": seconds, "per_second": (messages - 1) / seconds}
+
+
+def _wait_for_rows(dsn: str, query: str, count: int, timeout: float = 600) -> float:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(query).fetchone()
+            if row and int(row[0]) >= count:
+                return float(row[1])
+            time.sleep(0.2)
+    raise RuntimeError(f"the peer did not finish {count} jobs within {timeout:g} s")

@@ -1,0 +1,91 @@
+"""Gauges read from the tables when Prometheus scrapes: sagas by status, stuck sagas, dead letters.
+
+Nothing here is counted in memory: whichever process serves them, however often workers
+restarted, they say what the tables hold at the scrape. The outbox gauges are
+:class:`brokers.metrics.OutboxCollector`'s (the relay serves them too). One scrape runs
+one query per service for its dead letters and two per saga kind: counting sagas by status
+reads the saga table; the stuck count reads only the live sagas (a partial index) and
+their latest log entries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from brokers.relay import Outbox
+from sql import inbox, sagas
+from sql.pool import Database
+from sql.sagas import SagaTable
+
+logger = logging.getLogger(__name__)
+
+#: Every status a saga can be in (each is reported, zero included).
+STATUSES = (*sagas.LIVE, *sagas.ENDED)
+
+
+@attrs.frozen
+class SagaKind:
+    """One kind of saga, as the gauges see it: its name, its tables, their database."""
+
+    name: str
+    table: SagaTable
+    database: Database
+
+
+class TablesCollector(Collector):
+    """Sagas by status, stuck sagas and the longest wait per saga kind; dead letters per service."""
+
+    def __init__(self, services: Sequence[Outbox], kinds: Sequence[SagaKind], stuck_after: float) -> None:
+        self.services = list(services)
+        self.kinds = list(kinds)
+        self.stuck_after = timedelta(seconds=stuck_after)
+
+    def describe(self) -> Iterator[Any]:
+        # Declared without querying: the registry would otherwise call collect() to learn the names.
+        yield from self._families()
+
+    def collect(self) -> Iterator[Any]:
+        by_status, stuck, longest, dead = self._families()
+        for kind in self.kinds:
+            try:
+                with kind.database.connection() as conn:
+                    counts = sagas.count_by_status(conn, kind.table)
+                    stalled, waited = sagas.stalls(conn, kind.table, self.stuck_after)
+            except Exception as exc:  # a scrape must not fail because one database is down
+                logger.warning("metrics: no saga counts for %s: %s", kind.name, exc)
+                continue
+            for status in STATUSES:
+                by_status.add_metric([kind.name, status], counts.get(status, 0))
+            stuck.add_metric([kind.name], stalled)
+            longest.add_metric([kind.name], waited)
+        for service in self.services:
+            try:
+                with service.database.connection() as conn:
+                    dead.add_metric([service.schema], inbox.count_dead_letters(conn, service.schema))
+            except Exception as exc:
+                logger.warning("metrics: no dead-letter count for %s: %s", service.schema, exc)
+        yield from (by_status, stuck, longest, dead)
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        minutes = self.stuck_after.total_seconds() / 60
+        return (
+            GaugeMetricFamily("estafeta_sagas", "Sagas by status, in the saga tables", labels=["saga", "status"]),
+            GaugeMetricFamily(
+                "estafeta_sagas_stuck",
+                f"Live sagas in one state for over {minutes:g} min (re-sends are not progress)",
+                labels=["saga"],
+            ),
+            GaugeMetricFamily(
+                "estafeta_saga_longest_wait_seconds",
+                "Seconds the live saga that has waited longest has been in its current state",
+                labels=["saga"],
+            ),
+            GaugeMetricFamily("estafeta_dead_letters", "Messages parked in dead_letters", labels=["service"]),
+        )

@@ -1,0 +1,110 @@
+"""The alert rules, the Prometheus example config and the Grafana dashboard shipped in ``ops/``.
+
+``promtool`` (Debian's prometheus package) checks the files and runs the rules' unit tests;
+every metric the rules, the dashboard and the README name is one estafeta exports, and
+every metric estafeta exports is in the README's table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from prometheus_client.metrics import MetricWrapperBase
+
+from brokers import metrics as broker_metrics
+from brokers.metrics import OutboxCollector
+from estafeta import _metrics as step_metrics
+from estafeta import _saga as saga
+from estafeta._table_metrics import TablesCollector
+
+from .services import require
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS = ROOT / "ops"
+#: Suffixes Prometheus adds to counters and histograms.
+SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+
+
+def promtool() -> str:
+    """The path of ``promtool`` (skips, or fails under CI, without it)."""
+    found = shutil.which("promtool")
+    require("promtool (apt-get install prometheus)", found is not None, "not on PATH")
+    assert found is not None
+    return found
+
+
+def exported() -> set[str]:
+    """Every metric family name estafeta's modules define or serve from the tables."""
+    metrics = [m for module in (broker_metrics, step_metrics, saga) for m in vars(module).values()]
+    collectors = [m for m in metrics if isinstance(m, MetricWrapperBase)]
+    collectors += [OutboxCollector(), TablesCollector([], [], 60)]
+    return {family.name for collector in collectors for family in collector.describe()}
+
+
+def family(name: str, families: set[str]) -> str | None:
+    """The family of ``families`` a sample name belongs to (``x_total`` is a sample of ``x``)."""
+    if name in families:
+        return name
+    return next((name.removesuffix(s) for s in SUFFIXES if name.removesuffix(s) in families), None)
+
+
+def named_in(text: str) -> set[str]:
+    """The estafeta metric (sample) names a text mentions."""
+    return set(re.findall(r"\bestafeta_[a-z_]+[a-z]", text))
+
+
+def test_promtool_accepts_the_rules_and_the_config_and_the_rules_pass_their_tests() -> None:
+    tool = promtool()
+    for argv in (
+        ["check", "rules", "alerts.yml"],
+        ["check", "config", "prometheus.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ):
+        done = subprocess.run([tool, *argv], cwd=OPS / "prometheus", capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_has_a_unit_test() -> None:
+    rules = (OPS / "prometheus" / "alerts.yml").read_text()
+    tests = (OPS / "prometheus" / "alerts_test.yml").read_text()
+    alerts = set(re.findall(r"- alert: (\w+)", rules))
+    assert len(alerts) == 12
+    assert alerts == set(re.findall(r"alertname: (\w+)", tests))
+
+
+def test_the_rules_the_dashboard_and_the_readme_name_only_metrics_that_exist() -> None:
+    known = exported()
+    for path in (OPS / "prometheus" / "alerts.yml", OPS / "grafana" / "estafeta.json", ROOT / "README.md"):
+        unknown = {name for name in named_in(path.read_text()) if family(name, known) is None}
+        assert not unknown, f"{path.name} names metrics estafeta does not export: {sorted(unknown)}"
+
+
+def test_the_readme_documents_every_metric() -> None:
+    readme = (ROOT / "README.md").read_text()
+    known = exported()
+    table = {family(name, known) for name in re.findall(r"^\| `(estafeta_[a-z_]+)", readme, re.MULTILINE)}
+    assert known - table == set()
+
+
+def test_the_dashboard_is_a_grafana_dashboard_with_a_query_in_every_panel() -> None:
+    dashboard = json.loads((OPS / "grafana" / "estafeta.json").read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert dashboard["uid"] == "estafeta" and dashboard["schemaVersion"] >= 36
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    assert all(p["targets"] and all(t["expr"] for t in p["targets"]) for p in panels)
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in panels)
+    known = exported()
+    shown = {family(name, known) for p in panels for t in p["targets"] for name in named_in(t["expr"])}
+    # What an operator must see: the seed's four, stuck sagas, dead letters.
+    assert {
+        "estafeta_outbox_pending_count",
+        "estafeta_outbox_publish_latency_seconds",
+        "estafeta_outbox_failed_count",
+        "estafeta_saga_compensation",
+        "estafeta_sagas_stuck",
+        "estafeta_dead_letters",
+    } <= shown
