@@ -64,7 +64,7 @@ class KafkaRefused(dramatiq.errors.BrokerError):
 
 
 def message_headers(message_id: str, options: dict[str, Any], saga_id: object = None) -> Headers:
-    """The Kafka headers of a message: its id, and its saga id and ``traceparent`` when it has them.
+    """The Kafka headers of a message: its id, and its saga id and trace context when it has them.
 
     The same values are inside the Dramatiq message; as headers, Kafka tooling (and
     consumers that do not decode Dramatiq's encoding) can route and trace on them.
@@ -73,8 +73,9 @@ def message_headers(message_id: str, options: dict[str, Any], saga_id: object = 
     saga = saga_id if saga_id is not None else options.get("saga_id")
     if saga is not None:
         headers.append(("saga_id", str(saga).encode()))
-    if options.get("traceparent"):
-        headers.append(("traceparent", str(options["traceparent"]).encode()))
+    for name in ("traceparent", "tracestate"):  # W3C trace context, as the options carry it
+        if options.get(name):
+            headers.append((name, str(options[name]).encode()))
     return headers
 
 
