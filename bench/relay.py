@@ -1,10 +1,12 @@
 """``python -m bench.relay``: how fast ``estafeta relay`` drains an outbox, beside its ceilings and floor.
 
 One run on one machine measures: rows/s drained by ``estafeta relay`` (one and two
-processes) to RabbitMQ with publisher confirms and to Redis; the ceilings (raw pika
-publishing batches of 100 with confirms; Dramatiq's own ``enqueue`` on RabbitMQ with
-``confirm_delivery`` and on Redis); the floor (the seed article's relay, as written and
-without its sleep); commit-to-publish latency at 50 and 500 events/s; and the relay's
+processes) to RabbitMQ with publisher confirms, to Redis and to Kafka (idempotent
+producer, ``acks=all``); the ceilings (raw pika publishing batches of 100 with confirms;
+raw confluent-kafka producing the same records with the same settings, batches of 500;
+Dramatiq's own ``enqueue`` on RabbitMQ with ``confirm_delivery``, on Redis and on Kafka); the floor
+(the seed article's relay, as written and without its sleep); commit-to-publish latency
+at 50 and 500 events/s; and the relay's
 RSS growth while draining 200,000 rows. It prints one table, or one JSON object with
 ``--json``. Figures measured while other suites run on the machine are noisy: the
 table shows the load average at the start.
@@ -23,6 +25,7 @@ import psycopg
 from brokers import broker_from_url, split_namespace
 
 from . import relay_baselines as baselines
+from .relay_kafka import count_records, raw_kafka_rate
 from .relay_latency import latency, memory
 from .relay_setup import Services, fill, machine, relays, services, wait_empty, warm_up
 
@@ -31,6 +34,7 @@ TARGETS = {
     "rabbitmq_rows_per_second": 5000,
     "rabbitmq_vs_raw_pika": 0.5,
     "redis_vs_dramatiq_enqueue": 0.8,
+    "kafka_vs_raw_confluent_kafka": 0.5,
     "p99_ms_at_50": 20.0,
     "rss_growth_mb": 10.0,
 }
@@ -38,7 +42,7 @@ TARGETS = {
 
 def drain_rate(services: Services, broker: str, rows: int, processes: int = 1, *args: str) -> float:
     """Rows/s for ``processes`` relays to publish ``rows`` committed rows (all delivered, checked)."""
-    url = services.amqp_url if broker == "rabbitmq" else services.redis_url
+    url = services.url(broker)
     queue = f"bench_drain_{broker}_{processes}"
     with relays(services.env(url), processes, *args), psycopg.connect(services.dsn, autocommit=True) as conn:
         warm_up(conn, queue)
@@ -51,6 +55,11 @@ def drain_rate(services: Services, broker: str, rows: int, processes: int = 1, *
 
 
 def _check_delivered(url: str, broker: str, queue: str, expected: int) -> None:
+    if broker == "kafka":  # a topic cannot be flushed: count what it holds
+        found = count_records(url, queue)
+        if found != expected:
+            raise SystemExit(f"Kafka topic of {queue} holds {found} records, expected {expected}")
+        return
     client = broker_from_url(url)
     if broker == "rabbitmq":
         client.declare_queue(queue, ensure=True)  # type: ignore[call-arg]
@@ -89,10 +98,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         redis_rates = {"relay": drain_rate(found, "redis", args.rows)}
         redis_rates["relay_x2"] = drain_rate(found, "redis", args.rows, processes=2)
         redis_rates["dramatiq_enqueue"] = baselines.dramatiq_enqueue_rate(found.redis_url, "bench_enqueue", args.rows)
+        step("relay -> Kafka, raw confluent-kafka")
+        kafka_rates = {"relay": drain_rate(found, "kafka", args.rows)}
+        kafka_rates["relay_x2"] = drain_rate(found, "kafka", args.rows, processes=2)
+        kafka_rates["raw_confluent_kafka"] = raw_kafka_rate(found.kafka_url, "bench_raw_kafka", args.rows)
+        kafka_rates["dramatiq_enqueue"] = baselines.dramatiq_enqueue_rate(
+            found.kafka_url, "bench_enqueue", min(args.rows, 5000)
+        )
         result["rabbitmq"] = {k: round(v) for k, v in rabbit.items()}
         result["redis"] = {k: round(v) for k, v in redis_rates.items()}
+        result["kafka"] = {k: round(v) for k, v in kafka_rates.items()}
+        result["machine"]["kafka"] = found.kafka_server
         result["latency"] = {}
-        for broker in ("rabbitmq", "redis"):
+        for broker in ("rabbitmq", "redis", "kafka"):
             for rate in (50, 500):
                 step(f"latency {broker} {rate}/s")
                 result["latency"][f"{broker}_{rate}"] = latency(found, broker, rate, args.latency_seconds)
@@ -112,12 +130,14 @@ def _progress(quiet: bool) -> Any:
 
 
 def _verdicts(result: dict[str, Any]) -> dict[str, bool]:
-    rabbit, redis_rates, lat = result["rabbitmq"], result["redis"], result["latency"]
+    rabbit, redis_rates, kafka, lat = result["rabbitmq"], result["redis"], result["kafka"], result["latency"]
     verdicts = {
         "rabbitmq_rows_per_second": rabbit["relay"] >= TARGETS["rabbitmq_rows_per_second"],
         "rabbitmq_vs_raw_pika": rabbit["relay"] >= TARGETS["rabbitmq_vs_raw_pika"] * rabbit["raw_pika_batches_of_100"],
         "redis_vs_dramatiq_enqueue": redis_rates["relay"]
         >= TARGETS["redis_vs_dramatiq_enqueue"] * redis_rates["dramatiq_enqueue"],
+        "kafka_vs_raw_confluent_kafka": kafka["relay"]
+        >= TARGETS["kafka_vs_raw_confluent_kafka"] * kafka["raw_confluent_kafka"],
         "p99_ms_at_50": all(lat[f"{b}_50"]["p99_ms"] <= TARGETS["p99_ms_at_50"] for b in ("rabbitmq", "redis")),
     }
     if "memory" in result:
@@ -127,14 +147,18 @@ def _verdicts(result: dict[str, Any]) -> dict[str, bool]:
 
 def table(result: dict[str, Any]) -> str:
     """The figures as one table: figure, how it compares, and the target's verdict."""
-    m, rabbit, rds, v = result["machine"], result["rabbitmq"], result["redis"], result["targets"]
+    m, rabbit, rds, kfk, v = result["machine"], result["rabbitmq"], result["redis"], result["kafka"], result["targets"]
     ok = {True: "ok", False: "MISSED"}
-    pika, enqueue = rabbit["raw_pika_batches_of_100"], rds["dramatiq_enqueue"]
+    pika, enqueue, raw = rabbit["raw_pika_batches_of_100"], rds["dramatiq_enqueue"], kfk["raw_confluent_kafka"]
     rabbit_ok = ok[v["rabbitmq_vs_raw_pika"] and v["rabbitmq_rows_per_second"]]
     redis_ok = ok[v["redis_vs_dramatiq_enqueue"]]
+    kafka_ok = ok[v["kafka_vs_raw_confluent_kafka"]]
 
     def vs_enqueue(rate: int) -> str:
         return f"{rate / enqueue:.2f} x Dramatiq enqueue"
+
+    def vs_raw(rate: int) -> str:
+        return f"{rate / raw:.2f} x raw confluent-kafka"
 
     rows = [
         ("RabbitMQ, publisher confirms", "rows/s", "", ""),
@@ -148,6 +172,11 @@ def table(result: dict[str, Any]) -> str:
         ("  estafeta relay", f"{rds['relay']:,}", vs_enqueue(rds["relay"]), redis_ok),
         ("  estafeta relay, 2 processes", f"{rds['relay_x2']:,}", vs_enqueue(rds["relay_x2"]), ""),
         ("  ceiling: Dramatiq enqueue", f"{enqueue:,}", "", ""),
+        ("Kafka, idempotent producer, acks=all", "rows/s", "", ""),
+        ("  estafeta relay", f"{kfk['relay']:,}", vs_raw(kfk["relay"]), kafka_ok),
+        ("  estafeta relay, 2 processes", f"{kfk['relay_x2']:,}", vs_raw(kfk["relay_x2"]), ""),
+        ("  ceiling: raw confluent-kafka, batches of 500", f"{raw:,}", "", ""),
+        ("  ceiling: Dramatiq enqueue (estafeta's KafkaBroker)", f"{kfk['dramatiq_enqueue']:,}", "", ""),
         ("Commit-to-publish latency", "p50 / p99 / max ms", "", ""),
     ]  # fmt: skip
     for name, f in result["latency"].items():
@@ -163,7 +192,8 @@ def table(result: dict[str, Any]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [
         f"estafeta relay benchmark: {result['rows']:,} rows; {m['cores']} cores, {m['cpu']}; "
-        f"PostgreSQL {m['postgresql']}, RabbitMQ {m['rabbitmq']}, Redis {m['redis']}; load {m['load_average_1m']}",
+        f"PostgreSQL {m['postgresql']}, RabbitMQ {m['rabbitmq']}, Redis {m['redis']}, {m['kafka']}; "
+        f"load {m['load_average_1m']}",
     ]
     for name, figure, note, verdict in rows:
         lines.append(f"{name:<{width}}  {figure:>20}  {note:<42} {verdict}".rstrip())

@@ -1,5 +1,5 @@
-"""What the relay benchmark runs on: a scratch database, a RabbitMQ vhost and a Redis namespace
-of its own, outbox rows, and ``estafeta relay`` processes.
+"""What the relay benchmark runs on: a scratch database, a RabbitMQ vhost, a Redis namespace and
+Kafka topics of its own, outbox rows, and ``estafeta relay`` processes.
 
 Nothing shared is touched: the database, vhost and namespace are created for the run and
 removed afterwards, so the benchmark can run beside other people's test suites (its
@@ -23,6 +23,7 @@ import psycopg
 
 from .common import machine as common_machine
 from .common import rabbitmq_vhost, redis_namespace, scratch_database
+from .relay_kafka import kafka_server
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -55,6 +56,13 @@ class Services:
     dsn: str
     amqp_url: str
     redis_url: str
+    #: A ``kafka://`` URL with topics of the run's own, and what serves it.
+    kafka_url: str = ""
+    kafka_server: str = ""
+
+    def url(self, broker: str) -> str:
+        """The URL of ``broker`` (``rabbitmq``, ``redis`` or ``kafka``) for this run."""
+        return {"rabbitmq": self.amqp_url, "redis": self.redis_url, "kafka": self.kafka_url}[broker]
 
     def env(self, broker_url: str, **extra: str) -> dict[str, str]:
         """The environment of an ``estafeta`` process of this run."""
@@ -73,13 +81,14 @@ def _admin(dbname: str | None = None) -> str:
 
 @contextlib.contextmanager
 def services() -> Iterator[Services]:
-    """Create the run's database (migrated), vhost and namespace; remove them afterwards."""
+    """Create the run's database (migrated), vhost, namespace and Kafka topics prefix; remove them afterwards."""
     with (
         scratch_database(_admin(), _migrate) as dsn,
         rabbitmq_vhost(AMQP_URL) as amqp_url,
         redis_namespace(REDIS_URL) as redis_url,
+        kafka_server() as (kafka_url, kafka_name),
     ):
-        yield Services(dsn, amqp_url, redis_url)
+        yield Services(dsn, amqp_url, redis_url, kafka_url, kafka_name)
 
 
 def _migrate(dsn: str) -> None:

@@ -1,8 +1,9 @@
 """``python -m bench.sagas``: order-saga throughput per broker, beside the raw step throughput.
 
 On a scratch PostgreSQL database, for each broker (the StubBroker with an in-process
-worker and relay; RabbitMQ and Redis, when reachable, with ``dramatiq actors`` worker
-processes and an ``estafeta relay`` process):
+worker and relay; RabbitMQ and Redis, when reachable, and Kafka (``BENCH_KAFKA_URL``, or a
+Tansu the benchmark starts), with ``dramatiq actors`` worker processes and an
+``estafeta relay`` process):
 
 - ``baseline``: ping/pong round trips (two one-transaction steps, no saga): step messages
   per second, the ceiling the same worker, relay and database reach;
@@ -197,6 +198,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if reachable(args.redis_url, 6379):
             redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
             harnesses.append(("redis", lambda: process_harness(dsn, redis_url, args.processes)))
+        kafka_url = _kafka(run_resources)
+        if kafka_url:
+            harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, args.processes)))
         for name, harness in harnesses:
             _wipe(dsn)
             with harness() as runtime:
@@ -208,6 +212,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.peers:
             results["peers"] = _peers(args, dsn, amqp)
     return results
+
+
+def _kafka(resources: contextlib.ExitStack) -> str | None:
+    """A ``kafka://`` URL with topics of the run's own, or ``None`` without the ``bench`` extra."""
+    try:
+        from .relay_kafka import kafka_server
+    except ImportError as exc:
+        print(f"bench.sagas: no Kafka figures ({exc}; pip install -e '.[bench]')", file=sys.stderr)
+        return None
+    url, _server = resources.enter_context(kafka_server())
+    return url
 
 
 def _peers(args: argparse.Namespace, dsn: str, amqp: str | None) -> dict[str, Any]:

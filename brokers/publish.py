@@ -187,7 +187,9 @@ def publisher_for(broker: dramatiq.Broker, **options: Any) -> Publisher:
 
     RabbitMQ: a batch per round trip with publisher confirms outstanding
     (:class:`brokers.rabbitmq.RabbitmqPublisher`); Redis: a pipelined batch
-    (:class:`brokers.redis.RedisPublisher`); anything else: ``broker.enqueue``.
+    (:class:`brokers.redis.RedisPublisher`); a broker with a ``relay_publisher(**options)``
+    method (Kafka: :class:`brokers.kafka_publish.KafkaPublisher`): that; anything else:
+    ``broker.enqueue``.
     ``options`` go to the batched publishers (``confirm_timeout``...).
     """
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
@@ -201,4 +203,8 @@ def publisher_for(broker: dramatiq.Broker, **options: Any) -> Publisher:
         from .redis import RedisPublisher
 
         return RedisPublisher.for_broker(broker, **options)
+    relay_publisher = getattr(broker, "relay_publisher", None)
+    # Such a broker (Kafka's) brings its own, so that its driver is imported only when used.
+    if relay_publisher is not None:
+        return relay_publisher(**options)  # type: ignore[no-any-return]
     return EnqueuePublisher(broker)

@@ -21,6 +21,7 @@ from examples.loyalty.service import app as loyalty_app
 from examples.welcome.flow import app as welcome_app
 
 from .app import app as tests_app
+from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (Kafka fixtures, on Tansu)
 from .services import drop_redis_namespace, rabbitmq_vhost, redis_namespaced, scratch_database
 
 #: Every app the tests run: the order system with the probe service, and the examples.

@@ -32,6 +32,9 @@ for _var, _default in (
 AMQP_URL = os.environ.get("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 
+#: The fixture that gives each real broker's URL (tests run against every broker use it).
+BROKER_URL_FIXTURES = {"rabbitmq": "amqp_url", "redis": "redis_url", "kafka": "kafka_url"}
+
 #: One name per test run: its RabbitMQ vhost and Redis key namespace, so concurrent runs
 #: (and the queues they fill) never see each other.
 RUN_ID = f"estafeta-test-{uuid.uuid4().hex[:10]}"

@@ -37,7 +37,8 @@ def test_a_service_can_have_its_own_database() -> None:
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
-        ({"ESTAFETA_BROKER_URL": "kafka://u:hunter2@h:9092"}, "ESTAFETA_BROKER_URL: unknown scheme 'kafka'"),
+        ({"ESTAFETA_BROKER_URL": "nats://u:hunter2@h:4222"}, "ESTAFETA_BROKER_URL: unknown scheme 'nats'"),
+        ({"ESTAFETA_BROKER_URL": "kafka://u:hunter2@h:port"}, "ESTAFETA_BROKER_URL: port 'port' of h is not"),
         ({"ESTAFETA_BROKER_URL": "amqp://u:hunter2@:5672/"}, "ESTAFETA_BROKER_URL: no host"),
         ({"ESTAFETA_BROKER_URL": "amqp://u:hunter2@h:port/"}, "ESTAFETA_BROKER_URL: not a URL"),
         ({"ESTAFETA_DATABASE_URL": "host=x password=hunter2 oops"}, "ESTAFETA_DATABASE_URL: not a PostgreSQL DSN"),

@@ -87,7 +87,15 @@ def private_rabbitmq() -> Iterator[tuple[str, Callable[..., None]]]:
 
 
 def read_queue(broker_url: str, queue: str, timeout_ms: int = 2000) -> list[dramatiq.Message[Any]]:
-    """Every message on ``queue``, read (and acked) through Dramatiq's own consumer, in order."""
+    """Every message on ``queue``, read (and acked) through Dramatiq's own consumer, in order.
+
+    On Kafka: read from every partition outside any consumer group, partition by
+    partition (the order is per partition, and a key's records share one).
+    """
+    if broker_url.startswith("kafka:"):
+        from ..kafka_support import read_topic
+
+        return [record.message() for record in read_topic(broker_url, queue)]
     broker = broker_from_url(broker_url)
     broker.declare_queue(queue)
     try:

@@ -17,14 +17,15 @@ from brokers import broker_from_url
 from sql import inbox
 
 from ..helpers import message_for, now, scalar, wait_until
+from ..services import BROKER_URL_FIXTURES
 from . import processes
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["rabbitmq", "redis"])
+@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
 def broker_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue("amqp_url" if request.param == "rabbitmq" else "redis_url"))
+    return str(request.getfixturevalue(BROKER_URL_FIXTURES[request.param]))
 
 
 def _ping_through_outbox(conn: psycopg.Connection[object], count: int) -> list[uuid.UUID]:
@@ -75,12 +76,12 @@ def test_malformed_message_is_dead_lettered_and_the_worker_keeps_serving(
 
 
 def test_worker_refuses_to_start_on_a_bad_setting(tmp_path: Path, database_url: str) -> None:
-    env = processes.service_env(database_url, "kafka://user:hunter2@example:9092")
+    env = processes.service_env(database_url, "nats://user:hunter2@example:4222")
     worker = processes.workers(env, tmp_path)
     code = worker.popen.wait(60)
     output = worker.output()
     worker.stop()
     assert code != 0
-    assert "ESTAFETA_BROKER_URL: unknown scheme 'kafka'" in output
+    assert "ESTAFETA_BROKER_URL: unknown scheme 'nats'" in output
     assert "hunter2" not in output
     assert "Traceback" not in output

@@ -21,6 +21,7 @@ from tests.app import STEPS
 
 from ..helpers import message_for, scalar, wait_until
 from ..lock_steps import Charge, charges, open_account
+from ..services import BROKER_URL_FIXTURES
 from ..test_locks import lock_runtime
 from . import processes
 
@@ -31,9 +32,9 @@ CHARGE = STEPS["probe.test_charge"]
 LEASE_MS = 1000
 
 
-@pytest.fixture(params=["rabbitmq", "redis"])
+@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
 def broker_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue("amqp_url" if request.param == "rabbitmq" else "redis_url"))
+    return str(request.getfixturevalue(BROKER_URL_FIXTURES[request.param]))
 
 
 def enqueue(broker_url: str, messages: list[Any]) -> None:

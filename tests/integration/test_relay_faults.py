@@ -23,15 +23,16 @@ from actors.pingpong import Ping
 
 from ..helpers import now, scalar, wait_until
 from ..relay_support import add, arrivals, check_order
+from ..services import BROKER_URL_FIXTURES
 from . import processes
 from .relay_faults import blackhole, free_port, read_queue, relay_waits_to_delete, unlocked_rows, with_port
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["rabbitmq", "redis"])
+@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
 def broker_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue("amqp_url" if request.param == "rabbitmq" else "redis_url"))
+    return str(request.getfixturevalue(BROKER_URL_FIXTURES[request.param]))
 
 
 def pings(conn: psycopg.Connection[object], count: int) -> None:

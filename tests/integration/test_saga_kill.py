@@ -23,10 +23,12 @@ from ..services import scratch_database
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["rabbitmq", "redis"])
+@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
 def broker_url(request: pytest.FixtureRequest) -> str:
     if request.param == "rabbitmq":
         return str(request.getfixturevalue("amqp_url"))
+    if request.param == "kafka":  # topics of this test's own
+        return str(request.getfixturevalue("kafka_url"))
     # A namespace of this test's own: no queue left over from another test reaches these workers.
     return str(request.getfixturevalue("redis_url")) + f"-{uuid.uuid4().hex[:6]}"
 
