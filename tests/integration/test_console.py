@@ -70,9 +70,14 @@ def stuck_saga(server: Server, conn: psycopg.Connection[Any]) -> str:
 
 
 def text(browser: Any, css: str) -> str:
+    """The element's text; empty while the page holding it is still loading (after a click)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return str(browser.find_element(By.CSS_SELECTOR, css).text)
+    try:
+        return str(browser.find_element(By.CSS_SELECTOR, css).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
 
 
 def click(browser: Any, css: str) -> None:

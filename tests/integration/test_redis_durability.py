@@ -98,8 +98,12 @@ def test_wait_confirms_a_batch_only_once_replicas_have_it(tmp_path: Path) -> Non
             client = redis.Redis.from_url(primary)
             wait_until(lambda: in_sync(client), timeout=30, what="the replica in sync")
             broker = broker_from_url(primary + "?wait=1")
+            # Time enough for the replica's acknowledgement on a busy machine...
+            patient = publisher_for(broker, confirm_timeout=15, wait_replicas=1)
+            assert patient.publish([row(1)]).confirmed == [1]
+            patient.close()
+            # ...and a short wait where no replica will ever acknowledge.
             publisher = publisher_for(broker, confirm_timeout=1, wait_replicas=1)
-            assert publisher.publish([row(1)]).confirmed == [1]
             replica.kill()
             replica.wait(10)
             wait_until(lambda: client.info("replication")["connected_slaves"] == 0, timeout=20, what="no replica")
