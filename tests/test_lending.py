@@ -11,7 +11,6 @@ import ast
 import json
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -25,10 +24,11 @@ from prometheus_client import REGISTRY
 
 import examples.lending as lending_example
 from estafeta import DatabaseError, Outcome, Projector, Runtime, Settings, deliver, run_projectors, running
-from examples.lending import BooksOnLoan, LendBook, ReturnBook, add_book, app, lending, store
+from examples.lending import BooksOnLoan, LendBook, ReturnBook, add_book, app, book_id, lending, store
 
 from .helpers import message_for, scalar, wait_until
-from .integration.processes import ROOT, service_env
+from .integration import processes
+from .integration.processes import BIN, ROOT, service_env
 from .services import scratch_database
 
 
@@ -129,6 +129,10 @@ def test_a_duplicate_delivery_appends_once_and_sends_once(runtime, conn) -> None
         assert deliver(lending_example.lend_book, runtime, message_for("lending.lend_book", refused)) is Outcome.FAILED
     assert scalar(conn, "SELECT count(*) FROM lending.events") == 2
     assert scalar(conn, "SELECT count(*) FROM lending.outbox") == 1
+    assert [r[0] for r in conn.execute("SELECT reason FROM lending.dead_letters ORDER BY id").fetchall()] == [
+        "business failure: 'Dune' is on loan to ann",
+        "business failure: there is no book b2",
+    ]
 
 
 def test_two_loans_racing_for_one_book_conflict_and_the_retry_is_refused(runtime, conn, dsn) -> None:
@@ -151,6 +155,12 @@ def test_two_loans_racing_for_one_book_conflict_and_the_retry_is_refused(runtime
     ]
     assert deliveries("error") - errors >= 1, "the second save conflicted, and Dramatiq retried it"
     assert deliveries("failed") - refusals == 1, "the retry found the book out and refused"
+    loser = ({"ann", "bob"} - {lent["member"]}).pop()
+    assert (
+        scalar(conn, "SELECT reason FROM lending.dead_letters")
+        == f"business failure: 'Dune' is on loan to {lent['member']}"
+    )
+    assert scalar(conn, "SELECT message->'args'->0->>'member' FROM lending.dead_letters") == loser
 
 
 def _waiting_on_a_lock(conn: psycopg.Connection[Any]) -> int:
@@ -199,7 +209,7 @@ def _on_loan(conn: psycopg.Connection[Any]) -> dict[str, str]:
 
 def estafeta(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``estafeta --app examples.lending ARGS`` from the repository's root, as the README runs it."""
-    command = [str(Path(sys.executable).parent / "estafeta"), "--app", "examples.lending", *args]
+    command = [str(BIN / "estafeta"), "--app", "examples.lending", *args]
     env = service_env(dsn, "stub://")
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
@@ -224,6 +234,47 @@ def test_the_estafeta_commands_manage_the_example(dsn: str) -> None:
     status = json.loads(estafeta(dsn, "projections", "status", "--json").stdout)
     [books] = status["projections"]
     assert (books["name"], books["lag_events"]) == ("books_on_loan", 0)
+
+
+@pytest.mark.integration
+def test_the_readme_commands_run_it_on_rabbitmq_through_a_worker_killed_midway(
+    dsn: str, amqp_url: str, tmp_path
+) -> None:
+    """``dramatiq examples.lending`` and ``estafeta relay``: two members race for each of ten books, and a SIGKILL."""
+    env = {**service_env(dsn, amqp_url), "ESTAFETA_APP": "examples.lending"}
+    assert processes.estafeta(env, "migrate").returncode == 0
+    books = [f"b{i}" for i in range(10)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            for book in books:
+                add_book(conn, book, f"Volume {book}")
+                lending.send(conn, LendBook(book, f"ann-{book}"))
+                lending.send(conn, LendBook(book, f"bob-{book}"))
+        workers = processes.workers(env, tmp_path, processes=2, module="examples.lending")
+        relay = processes.relay(env, tmp_path)
+        with processes.running(workers, relay):
+            wait_until(lambda: scalar(conn, "SELECT count(*) FROM lending.inbox") >= 4, timeout=60, what="a few loans")
+            workers.kill()  # SIGKILL, in the middle of the rest
+            again = processes.workers(env, tmp_path, processes=2, module="examples.lending")
+            with processes.running(again):
+                wait_until(
+                    lambda: scalar(conn, "SELECT count(*) FROM lending.inbox") == 20, timeout=120, what="every loan"
+                )
+                wait_until(
+                    lambda: scalar(conn, "SELECT count(*) FROM reminders.inbox") == 10, timeout=60, what="reminders"
+                )
+                # The workers run the projection too (README: "Projectors also run in every dramatiq worker").
+                wait_until(lambda: len(_on_loan(conn)) == 10, timeout=60, what="books_on_loan")
+        lent = dict(
+            conn.execute("SELECT stream_id, data->>'member' FROM lending.events WHERE type = 'BookLent'").fetchall()
+        )
+        assert scalar(conn, "SELECT count(*) FROM lending.events WHERE type = 'BookLent'") == 10  # one per book
+        assert _on_loan(conn) == {book_id(stream): member for stream, member in lent.items()}
+        reminded = dict(conn.execute("SELECT book_id, member FROM reminders.reminders WHERE loan = 1").fetchall())
+        assert reminded == _on_loan(conn)
+        # The ten losers were refused, each parked once with its reason (no saga waits for an answer).
+        reasons = [r[0] for r in conn.execute("SELECT reason FROM lending.dead_letters").fetchall()]
+        assert len(reasons) == 10 and all("is on loan to" in reason for reason in reasons), reasons
 
 
 def test_the_readme_quotes_the_example_as_it_is() -> None:
