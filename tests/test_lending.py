@@ -23,7 +23,17 @@ from dramatiq.brokers.stub import StubBroker
 from prometheus_client import REGISTRY
 
 import examples.lending as lending_example
-from estafeta import DatabaseError, Outcome, Projector, Runtime, Settings, deliver, run_projectors, running
+from estafeta import (
+    ConcurrencyConflict,
+    DatabaseError,
+    Outcome,
+    Projector,
+    Runtime,
+    Settings,
+    deliver,
+    run_projectors,
+    running,
+)
 from examples.lending import BooksOnLoan, LendBook, ReturnBook, add_book, app, book_id, lending, store
 
 from .helpers import message_for, scalar, wait_until
@@ -133,6 +143,13 @@ def test_a_duplicate_delivery_appends_once_and_sends_once(runtime, conn) -> None
         "business failure: 'Dune' is on loan to ann",
         "business failure: there is no book b2",
     ]
+
+
+def test_a_book_is_added_once(runtime, conn) -> None:
+    shelve(runtime, ("b1", "Dune"))
+    with pytest.raises(ConcurrencyConflict):
+        shelve(runtime, ("b1", "Dune, again"))
+    assert history(conn, "b1") == [("BookAdded", {"title": "Dune"})]
 
 
 def test_two_loans_racing_for_one_book_conflict_and_the_retry_is_refused(runtime, conn, dsn) -> None:
