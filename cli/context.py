@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -28,6 +30,10 @@ class AppContext:
     def app(self) -> App:
         """The app, imported on first use (a module that cannot be imported is a usage error)."""
         if self._app is None:
+            # As `dramatiq` does (its --path defaults to "."): an app module in the current
+            # directory is found without PYTHONPATH.
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())
             try:
                 self._app = load_app(self.spec)
             except LookupError as exc:

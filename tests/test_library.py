@@ -125,6 +125,21 @@ def test_the_cli_runs_on_an_example_app_and_keeps_order_commands_for_the_order_s
         )
 
 
+def test_the_cli_finds_an_app_module_in_the_current_directory_as_dramatiq_does(tmp_path: Path) -> None:
+    (tmp_path / "shopfront.py").write_text(
+        "import estafeta\ncarts = estafeta.Service('carts')\napp = estafeta.App('shopfront', services=[carts])\n"
+    )
+    with scratch_database() as dsn:
+        env = service_env(dsn, "stub://")
+        env.pop("PYTHONPATH")
+        migrated = subprocess.run(
+            [str(BIN / "estafeta"), "--app", "shopfront", "migrate"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert migrated.returncode == 0, migrated.stderr
+        assert _schemas(dsn) == {"carts"}
+
+
 def test_a_dramatiq_worker_on_the_stub_broker_stops_at_once_with_one_line(database_url: str) -> None:
     env = service_env(database_url, "stub://")
     result = subprocess.run(
