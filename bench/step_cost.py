@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import tempfile
 import uuid
@@ -68,10 +69,15 @@ def read_trace(lines: list[str]) -> Cost:
     in_block = False
     wrote = False
     async_next = False
+    last_kind = ""
     for line in lines:
         parts = line.split("\t")
-        if len(parts) < 3:
+        if len(parts) < 3 or parts[0] not in ("F", "B"):
+            # The rest of a multi-line statement's text.
+            if last_kind in ("Parse", "Query") and "synchronous_commit" in line:
+                async_next = True
             continue
+        last_kind = parts[2]
         direction, kind = parts[0], parts[2]
         text = "\t".join(parts[3:])
         if direction == "F":
@@ -117,6 +123,8 @@ class Tracer:
         for service in self.services:
             database = self.runtime.database(service)
             with database.connection() as conn:
+                # Unprepared: every statement's text is in the trace.
+                conn.prepare_threshold = None
                 path = self.folder / f"{service}.trace"
                 path.touch()
                 self.files[service] = path
@@ -184,8 +192,9 @@ def run(orders: int, pings: int) -> dict[str, Cost]:
                 if not batch:
                     break
                 for _, row in batch:
+                    message = to_message(row)
                     spec = steps[row.actor_name]
-                    _, lines = tracer.read(owner[row.actor_name], lambda: deliver(spec, runtime, to_message(row)))
+                    _, lines = tracer.read(owner[row.actor_name], functools.partial(deliver, spec, runtime, message))
                     costs[row.actor_name].add(read_trace(lines))
         runtime.close()
     return dict(costs)
