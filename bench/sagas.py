@@ -305,7 +305,8 @@ def table(results: dict[str, Any], processes: int) -> str:
     for name, r in steady.items():
         lines.append(
             f"{name:<10}steady {r['rate']:g} sagas/s placed (reached {r['placed_per_second']:.0f}/s,"
-            f" {r['sagas']} sagas): p50 {r['latency_p50']:.2f} s, p99 {r['latency_p99']:.2f} s, max {r['latency_max']:.2f} s"
+            f" {r['sagas']} sagas): p50 {r['latency_p50']:.2f} s, p99 {r['latency_p99']:.2f} s,"
+            f" max {r['latency_max']:.2f} s"
         )
     return "\n".join(lines + _peer_lines(brokers, results.get("peers", {})))
 
@@ -337,7 +338,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--steady-seconds", type=float, default=10, help="how long to place them (default 10)")
     parser.add_argument(
-        "--broker", dest="brokers", action="append", choices=["stub", "rabbitmq", "redis", "kafka"],
+        "--broker",
+        dest="brokers",
+        action="append",
+        choices=["stub", "rabbitmq", "redis", "kafka"],
         help="only this broker (repeatable; default: every reachable one)",
     )
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip procrastinate and bare Dramatiq")
