@@ -152,17 +152,27 @@ def measure_pings(runtime: Runtime, count: int) -> dict[str, Any]:
     return {"round_trips": count, "seconds": seconds, "step_messages_per_second": 2 * count / seconds}
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every process: PostgreSQL, the broker, workers)."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
-    """Order sagas placed at once: sagas and step messages per second, latency."""
+    """Order sagas placed at once: sagas and step messages per second, latency, machine CPU per step."""
     plan = plan_orders(count, prefix=f"b{uuid.uuid4().hex[:6]}-", rng=random.Random(7))
     seed_services(runtime, plan.balances, plan.stock)
     with runtime.database("orders").connection() as conn:
         before = _inbox_rows(conn)
+    busy = _busy_seconds()
     with runtime.database("orders").transaction() as conn:
         for customer, sku, quantity, amount in plan.orders:
             place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
     with runtime.database("orders").connection() as conn:
         _wait(conn, "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL", count)
+        busy = _busy_seconds() - busy
         row = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(started_at)),
                       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
@@ -182,6 +192,8 @@ def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
         "messages_per_saga": messages / count,
         "latency_p50": float(row[1]),
         "latency_p99": float(row[2]),
+        # Everything the machine did while the sagas ran (other work too, on a busy machine).
+        "cpu_ms_per_step": 1000 * busy / messages if messages else float("nan"),
     }
 
 
@@ -291,7 +303,7 @@ def table(results: dict[str, Any], processes: int) -> str:
         f"estafeta saga benchmark: {describe(machine())}",
         f"real brokers: dramatiq actors --processes {processes} --threads 8",
         f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
-        f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}",
+        f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}{'CPU ms/step':>13}",
     ]
     brokers = {name: r for name, r in results.items() if name != "peers"}
     for name, r in brokers.items():
@@ -299,7 +311,7 @@ def table(results: dict[str, Any], processes: int) -> str:
         lines.append(
             f"{name:<10}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
             f"{sagas['messages_per_saga']:>12.1f}{sagas['step_messages_per_second'] / base:>12.0%}"
-            f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}"
+            f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}{sagas['cpu_ms_per_step']:>13.2f}"
         )
     steady = {name: r["steady"] for name, r in brokers.items() if "steady" in r}
     for name, r in steady.items():

@@ -5,9 +5,10 @@
 On a scratch database and RabbitMQ vhost, one ``dramatiq actors --processes 1 --threads 8``
 and one ``estafeta relay`` run; pings are written in one transaction and py-spy samples the
 worker process (threads waiting on a socket or a lock are idle and not sampled) while they
-are answered (only the thread holding the GIL is sampled: Python-level CPU). Each sample is charged to the innermost frame's package: where the time goes
-between estafeta's own code, psycopg, pika, Dramatiq, JSON and the rest. Shares of CPU
-samples, so a busy machine changes the totals more than the split.
+are answered (only the thread holding the GIL is sampled: Python-level CPU). Each sample is
+charged to the innermost frame's package: where the time goes between estafeta's own code,
+psycopg, pika, Dramatiq, JSON and the rest. Shares of CPU samples, so a busy machine changes
+the totals more than the split.
 """
 
 from __future__ import annotations
