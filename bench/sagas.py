@@ -152,17 +152,27 @@ def measure_pings(runtime: Runtime, count: int) -> dict[str, Any]:
     return {"round_trips": count, "seconds": seconds, "step_messages_per_second": 2 * count / seconds}
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every process: PostgreSQL, the broker, workers)."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
-    """Order sagas placed at once: sagas and step messages per second, latency."""
+    """Order sagas placed at once: sagas and step messages per second, latency, machine CPU per step."""
     plan = plan_orders(count, prefix=f"b{uuid.uuid4().hex[:6]}-", rng=random.Random(7))
     seed_services(runtime, plan.balances, plan.stock)
     with runtime.database("orders").connection() as conn:
         before = _inbox_rows(conn)
+    busy = _busy_seconds()
     with runtime.database("orders").transaction() as conn:
         for customer, sku, quantity, amount in plan.orders:
             place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
     with runtime.database("orders").connection() as conn:
         _wait(conn, "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL", count)
+        busy = _busy_seconds() - busy
         row = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(started_at)),
                       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
@@ -182,6 +192,57 @@ def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
         "messages_per_saga": messages / count,
         "latency_p50": float(row[1]),
         "latency_p99": float(row[2]),
+        # Everything the machine did while the sagas ran (other work too, on a busy machine).
+        "cpu_ms_per_step": 1000 * busy / messages if messages else float("nan"),
+    }
+
+
+def measure_steady(runtime: Runtime, rate: float, seconds: float, placers: int = 4) -> dict[str, Any]:
+    """Order sagas placed steadily, ``rate`` a second (each in its own transaction) for ``seconds``: latency.
+
+    ``placers`` threads share the schedule (order ``n`` is due ``n / rate`` seconds after
+    the start), so one slow commit does not hold the next placements back.
+    """
+    count = max(1, int(rate * seconds))
+    plan = plan_orders(count, prefix=f"s{uuid.uuid4().hex[:6]}-", rng=random.Random(11))
+    seed_services(runtime, plan.balances, plan.stock)
+    database = runtime.database("orders")
+    with database.connection() as conn:
+        ended_before = int((conn.execute("SELECT count(*) FROM orders.saga_order").fetchone() or [0])[0])
+    placed: list[uuid.UUID] = []
+    started = time.monotonic()
+
+    def place(first: int) -> None:
+        for n in range(first, count, placers):
+            time.sleep(max(0.0, started + n / rate - time.monotonic()))
+            customer, sku, quantity, amount = plan.orders[n]
+            with database.transaction() as conn:
+                order = place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
+            placed.append(order.saga_id)
+
+    threads = [threading.Thread(target=place, args=(i,)) for i in range(placers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    placing = time.monotonic() - started
+    with database.connection() as conn:
+        _wait(conn, "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL", ended_before + count)
+        row = conn.execute(
+            """SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
+                      percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
+                      max(extract(epoch FROM completed_at - started_at))
+               FROM orders.saga_order WHERE saga_id = ANY(%s)""",
+            (placed,),
+        ).fetchone()
+    assert row is not None
+    return {
+        "rate": rate,
+        "placed_per_second": count / placing,
+        "sagas": count,
+        "latency_p50": float(row[0]),
+        "latency_p99": float(row[1]),
+        "latency_max": float(row[2]),
     }
 
 
@@ -202,6 +263,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if kafka_url:
             harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, args.processes)))
         for name, harness in harnesses:
+            if args.brokers and name not in args.brokers:
+                continue
             _wipe(dsn)
             with harness() as runtime:
                 measure_pings(runtime, 20)  # warm-up: the workers answer
@@ -209,6 +272,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "baseline": measure_pings(runtime, args.pings),
                     "sagas": measure_sagas(runtime, args.orders),
                 }
+                if args.steady_rate > 0:
+                    results[name]["steady"] = measure_steady(runtime, args.steady_rate, args.steady_seconds)
         if args.peers:
             results["peers"] = _peers(args, dsn, amqp)
     return results
@@ -238,7 +303,7 @@ def table(results: dict[str, Any], processes: int) -> str:
         f"estafeta saga benchmark: {describe(machine())}",
         f"real brokers: dramatiq actors --processes {processes} --threads 8",
         f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
-        f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}",
+        f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}{'CPU ms/step':>13}",
     ]
     brokers = {name: r for name, r in results.items() if name != "peers"}
     for name, r in brokers.items():
@@ -246,7 +311,14 @@ def table(results: dict[str, Any], processes: int) -> str:
         lines.append(
             f"{name:<10}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
             f"{sagas['messages_per_saga']:>12.1f}{sagas['step_messages_per_second'] / base:>12.0%}"
-            f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}"
+            f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}{sagas['cpu_ms_per_step']:>13.2f}"
+        )
+    steady = {name: r["steady"] for name, r in brokers.items() if "steady" in r}
+    for name, r in steady.items():
+        lines.append(
+            f"{name:<10}steady {r['rate']:g} sagas/s placed (reached {r['placed_per_second']:.0f}/s,"
+            f" {r['sagas']} sagas): p50 {r['latency_p50']:.2f} s, p99 {r['latency_p99']:.2f} s,"
+            f" max {r['latency_max']:.2f} s"
         )
     return "\n".join(lines + _peer_lines(brokers, results.get("peers", {})))
 
@@ -273,6 +345,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pings", type=int, default=1000, help="ping/pong round trips per broker (default 1000)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes on real brokers (default 2)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--steady-rate", type=float, default=100, help="sagas/s placed steadily for the latency figure (0: skip)"
+    )
+    parser.add_argument("--steady-seconds", type=float, default=10, help="how long to place them (default 10)")
+    parser.add_argument(
+        "--broker",
+        dest="brokers",
+        action="append",
+        choices=["stub", "rabbitmq", "redis", "kafka"],
+        help="only this broker (repeatable; default: every reachable one)",
+    )
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip procrastinate and bare Dramatiq")
     parser.add_argument("--peer-jobs", type=int, default=5000, help="procrastinate jobs (default 5000)")
     parser.add_argument("--peer-messages", type=int, default=20000, help="bare Dramatiq messages (default 20000)")

@@ -84,11 +84,23 @@ class PostgresLocks:
     def __init__(self, timeout_ms: int) -> None:
         self.timeout_ms = timeout_ms
 
+    def statement(self, key: str) -> tuple[str, tuple[str, str]]:
+        """The one statement that sets the ``lock_timeout`` and takes the lock on ``key`` (for a pipeline)."""
+        # The volatile subquery is not flattened: the timeout is set before the lock is waited for.
+        return (
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+            " FROM (SELECT set_config('lock_timeout', %s, true)) AS timeout",
+            (key, f"{self.timeout_ms}ms"),
+        )
+
+    def held(self) -> HeldLock:
+        """What a step holds once :meth:`statement` ran in its transaction."""
+        return _TransactionLock()
+
     @contextlib.contextmanager
     def hold(self, conn: psycopg.Connection[Any], key: str, *, schema: str = "", dsn: str = "") -> Iterator[HeldLock]:
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{self.timeout_ms}ms",))
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
-        yield _TransactionLock()
+        conn.execute(*self.statement(key))
+        yield self.held()
 
     def close(self) -> None:
         return None

@@ -307,8 +307,9 @@ class Saga:
             results=results,
             compensations=compensations,
             last_error=error,
+            event=event,
+            detail=detail,
         )
-        self._log(conn, moved, event, detail)
         TRANSITIONS.labels(self.name, status).inc()
         if moved.live:
             self._send(conn, moved, traceparent=tp)

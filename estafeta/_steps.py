@@ -24,14 +24,15 @@ from dramatiq.middleware import CurrentMessage
 
 from sql import inbox
 from sql.errors import LockNotAcquired
-from sql.pool import Database
+from sql.pool import Database, translate_errors
 
 from . import _metrics as metrics
 from . import _observe as observe
 from . import _outbox as outbox
+from . import _step_tx as step_tx
 from ._errors import BusinessFailure, InvalidMessage, RoutingError
 from ._events import EventMetadata, EventStore
-from ._locks import HeldLock
+from ._locks import HeldLock, PostgresLocks
 from ._messages import from_json, to_json
 from ._runtime import Runtime
 from ._step_events import StepEvents
@@ -209,24 +210,28 @@ def _deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], s
         command, payload = _decode(spec, message)
     except InvalidMessage as exc:
         return _park(spec, database, message_id, str(message_id), raw, str(exc))
-    with database.connection() as conn:
-        attempts = seen.attempt = inbox.count_attempt(conn, spec.service, spec.actor_name, message_id)
-    if attempts > runtime.settings.max_deliveries:
-        reason = f"delivered {attempts} times without finishing (does it kill its worker?)"
-        return _park(spec, database, message_id, str(message_id), raw, reason)
     try:
-        outcome = _run(spec, runtime, database, message, message_id, command, payload)
+        outcome = _run(spec, runtime, database, message, message_id, command, payload, seen)
+    except _Overdelivered as over:
+        reason = f"delivered {over.attempts} times without finishing (does it kill its worker?)"
+        return _park(spec, database, message_id, str(message_id), raw, reason)
     except Exception as exc:
         seen.error = exc
         if not _is_last_attempt(spec, runtime, message):
             raise
-        reason = f"failed {attempts} times, last: {type(exc).__name__}: {exc}"
+        reason = f"failed {seen.attempt} times, last: {type(exc).__name__}: {exc}"
         try:
             return _park(spec, database, message_id, str(message_id), raw, reason)
         except Exception:
             logger.exception("could not dead-letter %s %s; the broker will", spec.actor_name, message_id)
             raise exc from None
     return outcome
+
+
+class _Overdelivered(Exception):
+    def __init__(self, attempts: int) -> None:
+        super().__init__(f"delivered {attempts} times")
+        self.attempts = attempts
 
 
 def _decode(spec: StepSpec, message: dramatiq.Message[Any]) -> tuple[Any, dict[str, Any]]:
@@ -246,14 +251,30 @@ def _run(
     message_id: uuid.UUID,
     command: Any,
     payload: dict[str, Any],
+    seen: observe.Seen,
 ) -> Outcome:
-    # Locks are released after the transaction has ended, whichever way it ended.
-    with contextlib.ExitStack() as after_transaction, database.transaction() as conn:
-        if not inbox.record(conn, spec.service, spec.actor_name, message_id):
-            inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
+    # A PostgreSQL lock is one more statement of the first pipeline; a Redis lease is taken
+    # after it. Either is released after the transaction has ended, whichever way it ended.
+    in_transaction_lock = spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
+    with (
+        contextlib.ExitStack() as after_transaction,
+        database.connection() as conn,
+        translate_errors(database.description),
+        step_tx.rolled_back_on_error(conn),
+    ):
+        opened = _begin(spec, runtime, conn, message_id, command, in_transaction_lock)
+        seen.attempt = opened.attempts
+        if opened.attempts > runtime.settings.max_deliveries:
+            raise _Overdelivered(opened.attempts)
+        if not opened.first:
+            step_tx.commit(conn)
             logger.info("%s: duplicate delivery of %s absorbed", spec.actor_name, message_id)
             return Outcome.DUPLICATE
-        held = _take_lock(spec, runtime, database, conn, command, after_transaction)
+        if in_transaction_lock:
+            assert isinstance(runtime.locks, PostgresLocks)
+            held: HeldLock | None = runtime.locks.held()
+        else:
+            held = _take_lock(spec, runtime, database, conn, command, after_transaction)
         saga_id = message.options.get("saga_id")
         ctx = StepContext(
             conn=conn,
@@ -267,23 +288,47 @@ def _run(
             event_store=getattr(spec.owner, "event_store", None),
         )
         try:
-            # A savepoint: a business failure undoes the step's own work, not the inbox record.
-            with conn.transaction():
-                result = spec.fn(ctx, command)
+            result = spec.fn(ctx, command)
         except BusinessFailure as failure:
+            # Back to the savepoint: the step's own work is undone, not the inbox record.
+            step_tx.roll_back_work(conn)
             outcome = Outcome.FAILED
             for write in ctx.refusal_writes:
                 write(conn)
-            _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+            with step_tx.committing(conn):
+                _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+                _before_commit(held, conn)
         else:
             outcome = Outcome.OK
-            _answer(ctx, spec, str(message_id), ok=True, result=result)
-        inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
-        if held is not None:
-            # Last statement before the commit: a fence check locks its row until then.
-            held.before_commit(conn)
+            with step_tx.committing(conn):
+                _answer(ctx, spec, str(message_id), ok=True, result=result)
+                _before_commit(held, conn)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
+
+
+def _begin(
+    spec: StepSpec,
+    runtime: Runtime,
+    conn: psycopg.Connection[Any],
+    message_id: uuid.UUID,
+    command: Any,
+    in_transaction_lock: bool,
+) -> step_tx.Opened:
+    """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait."""
+    if not in_transaction_lock:
+        return step_tx.begin(conn, spec.service, spec.actor_name, message_id, None)
+    assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
+    started = time.perf_counter()
+    try:
+        statement = runtime.locks.statement(spec.lock(command))
+        opened = step_tx.begin(conn, spec.service, spec.actor_name, message_id, statement)
+    except psycopg.errors.LockNotAvailable:
+        metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
+        raise
+    # The wait includes the pipeline's other statements: a round trip, next to any real wait.
+    metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
+    return opened
 
 
 def _take_lock(
@@ -307,6 +352,12 @@ def _take_lock(
         raise
     metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
     return held
+
+
+def _before_commit(held: HeldLock | None, conn: psycopg.Connection[Any]) -> None:
+    if held is not None:
+        # Last statement before the commit: a fence check locks its row until then.
+        held.before_commit(conn)
 
 
 def _answer(

@@ -96,16 +96,14 @@ class Watchdog:
             if not final:
                 store.record_error(conn, saga.table, row, error)
                 return
-            failed = store.transition(
-                conn, saga.table, row, status="failed", step=row.current_step, wait=timedelta(0), last_error=error
-            )
-            store.log(
+            store.transition(
                 conn,
                 saga.table,
-                saga_id=saga_id,
-                version=failed.version,
+                row,
                 status="failed",
-                step=failed.current_step,
+                step=row.current_step,
+                wait=timedelta(0),
+                last_error=error,
                 event="failed",
                 detail=error,
             )

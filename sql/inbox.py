@@ -29,11 +29,26 @@ def record(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id
 def count_attempt(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> int:
     """Count one more delivery attempt of ``message_id`` and return the total.
 
-    Call it in autocommit, before the work: the count survives a worker that is killed.
+    Call it in a transaction of its own (or in autocommit), before the work: the count
+    survives a worker that is killed. That transaction commits asynchronously
+    (``synchronous_commit = off``): a database crash may lose the last counts, which only
+    delays parking a message that keeps killing its worker.
     """
     row = conn.execute(query("count_attempt", schema), {"consumer": consumer, "message_id": message_id}).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def record_forgetting_attempts(
+    conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID
+) -> psycopg.Cursor[Any]:
+    """:func:`record` and :func:`forget_attempts` in one statement; the cursor's rowcount is 1 unless a duplicate.
+
+    In pipeline mode the rowcount is known once the pipeline has synced.
+    """
+    return conn.execute(
+        query("record_inbox_forgetting_attempts", schema), {"consumer": consumer, "message_id": message_id}
+    )
 
 
 def forget_attempts(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> None:

@@ -21,7 +21,12 @@ def parse(filename: str) -> dict[str, str]:
     text = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
     parts = _HEADER.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return {name: _without_comments(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def _without_comments(body: str) -> str:
+    # Whole-line comments are for readers of the file, not bytes for every execution.
+    return "\n".join(line for line in body.strip().splitlines() if not line.lstrip().startswith("--"))
 
 
 def body(filename: str, name: str) -> str:

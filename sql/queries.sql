@@ -2,11 +2,16 @@
 -- substituted as an identifier (never as text); everything else is a named parameter.
 
 -- insert_outbox --
-INSERT INTO {schema}.outbox
-    (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at)
-VALUES
-    (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
-     now() + %(delay)s::interval)
+-- The row, and the NOTIFY that wakes the relays at commit, in one statement.
+WITH inserted AS (
+    INSERT INTO {schema}.outbox
+        (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at)
+    VALUES
+        (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
+         now() + %(delay)s::interval)
+    RETURNING id
+)
+SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
 
 -- claim_heads --
 -- The oldest due rows that head their key (no older row of the same key is left, other
@@ -125,11 +130,27 @@ VALUES (%(consumer)s, %(message_id)s)
 ON CONFLICT DO NOTHING
 
 -- count_attempt --
+-- One more delivery of a message, counted before its work, in a transaction of its own.
+-- That transaction commits with synchronous_commit = off (local to it): the count needs no
+-- WAL flush of its own, because losing the last counts in a database crash only delays
+-- parking a message that keeps killing its worker by a few deliveries; the step's own
+-- transaction, which acknowledges nothing until it is durable, is never made asynchronous.
 INSERT INTO {schema}.inbox_attempts (consumer, message_id)
-VALUES (%(consumer)s, %(message_id)s)
+SELECT %(consumer)s, %(message_id)s
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit
 ON CONFLICT (consumer, message_id)
     DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = now()
 RETURNING attempts
+
+-- record_inbox_forgetting_attempts --
+-- The step's inbox record, and its delivery count dropped in the same statement: both
+-- commit with the step's work, or neither (a rolled-back delivery keeps its count).
+WITH forgotten AS (
+    DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+)
+INSERT INTO {schema}.inbox (consumer, message_id)
+VALUES (%(consumer)s, %(message_id)s)
+ON CONFLICT DO NOTHING
 
 -- forget_attempts --
 DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s

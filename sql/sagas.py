@@ -199,14 +199,19 @@ def transition(
     results: dict[str, Any] | None = None,
     compensations: Sequence[str] | None = None,
     last_error: str | None = None,
+    event: str,
+    detail: str | None = None,
 ) -> SagaRow:
-    """Move ``row`` (read under its lock) to ``status`` waiting on ``step``; return the new row.
+    """Move ``row`` (read under its lock) to ``status`` waiting on ``step``, and log it; return the new row.
 
     The version goes up by one, the attempt count restarts at 1 and the deadline at
     ``now() + wait`` (none once the saga has ended). ``results`` and ``compensations``
-    default to the row's.
+    default to the row's. The log row (``event``, ``detail``) is written by the same
+    statement.
     """
     params = {
+        "event": event,
+        "detail": detail,
         "saga_id": row.saga_id,
         "version": row.version,
         "status": status,

@@ -51,22 +51,29 @@ ORDER BY deadline_at
 LIMIT %(limit)s
 
 -- transition --
--- Only from the version the caller read (it holds the row lock, so this is a check).
-UPDATE {schema}.{table}
-SET status = %(status)s::text,
-    current_step = %(step)s,
-    results = %(results)s,
-    compensations = %(compensations)s,
-    attempts = 1,
-    deadline_at = CASE WHEN %(status)s::text IN ('running', 'compensating')
-                       THEN now() + %(wait)s::interval END,
-    completed_at = CASE WHEN %(status)s::text IN ('running', 'compensating') THEN NULL ELSE now() END,
-    last_error = coalesce(%(last_error)s, last_error),
-    version = version + 1,
-    updated_at = now()
-WHERE saga_id = %(saga_id)s AND version = %(version)s
-RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
-          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+-- Only from the version the caller read (it holds the row lock, so this is a check), and
+-- the transition's log row in the same statement.
+WITH moved AS (
+    UPDATE {schema}.{table}
+    SET status = %(status)s::text,
+        current_step = %(step)s,
+        results = %(results)s,
+        compensations = %(compensations)s,
+        attempts = 1,
+        deadline_at = CASE WHEN %(status)s::text IN ('running', 'compensating')
+                           THEN now() + %(wait)s::interval END,
+        completed_at = CASE WHEN %(status)s::text IN ('running', 'compensating') THEN NULL ELSE now() END,
+        last_error = coalesce(%(last_error)s, last_error),
+        version = version + 1,
+        updated_at = now()
+    WHERE saga_id = %(saga_id)s AND version = %(version)s
+    RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
+              step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+), logged AS (
+    INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
+    SELECT saga_id, version, status, current_step, %(event)s, %(detail)s FROM moved
+)
+SELECT * FROM moved
 
 -- record_resend --
 UPDATE {schema}.{table}

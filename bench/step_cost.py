@@ -1,0 +1,234 @@
+"""What one step delivery costs the database: statements, round trips and commits, per actor.
+
+    python -m bench.step_cost [--orders 20] [--pings 20]
+
+Deliveries run one at a time in this process (the order system's steps, a hand-driven
+courier moving outbox rows to them) on a pool of one connection per database, whose libpq
+trace (``PQtrace``) is read back per delivery:
+
+- statements: ``Bind`` and simple ``Query`` messages the client sent;
+- round trips: times the client waited for the server (``Sync`` and ``Query`` messages: in
+  pipeline mode several statements share one);
+- commits: ``COMMIT`` commands completed, plus statements that wrote outside a transaction
+  block (autocommit); ``async`` counts those run with ``synchronous_commit = off``, which
+  do not wait for the WAL flush.
+
+Counts, not times: they are the same on a busy machine and a quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+
+from actors import inventory, payments, pingpong
+from actors.app import app
+from actors.order_saga import place_order
+from brokers.publish import to_message
+from estafeta import Runtime, Settings, deliver
+from sql.outbox import OutboxRow
+
+from .common import scratch_database
+
+ADMIN_DSN = os.environ.get("ESTAFETA_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@attrs.define
+class Cost:
+    """Totals over the deliveries of one actor."""
+
+    deliveries: int = 0
+    statements: int = 0
+    round_trips: int = 0
+    commits: int = 0
+    async_commits: int = 0
+
+    def add(self, other: Cost) -> None:
+        self.deliveries += other.deliveries
+        self.statements += other.statements
+        self.round_trips += other.round_trips
+        self.commits += other.commits
+        self.async_commits += other.async_commits
+
+
+def read_trace(lines: list[str]) -> Cost:
+    """Count one delivery's statements, round trips and commits from its libpq trace lines."""
+    cost = Cost(deliveries=1)
+    in_block = False
+    wrote = False
+    async_next = False
+    last_kind = ""
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) < 3 or parts[0] not in ("F", "B"):
+            # The rest of a multi-line statement's text.
+            if last_kind in ("Parse", "Query") and "synchronous_commit" in line:
+                async_next = True
+            continue
+        last_kind = parts[2]
+        direction, kind = parts[0], parts[2]
+        text = "\t".join(parts[3:])
+        if direction == "F":
+            if kind in ("Bind", "Query"):
+                cost.statements += 1
+            if kind in ("Sync", "Query"):
+                cost.round_trips += 1
+            if kind in ("Parse", "Query") and "synchronous_commit" in text:
+                async_next = True
+        elif direction == "B":
+            if kind == "CommandComplete":
+                tag = text.strip().strip('"')
+                if tag == "COMMIT":
+                    cost.commits += 1
+                    cost.async_commits += async_next
+                    async_next = False
+                elif tag.split(" ")[0] in ("INSERT", "UPDATE", "DELETE", "MERGE"):
+                    wrote = True
+            elif kind == "ReadyForQuery":
+                status = text.strip()
+                if status == "I" and not in_block and wrote:
+                    cost.commits += 1  # an autocommit write
+                    cost.async_commits += async_next
+                    async_next = False
+                if status == "I":
+                    async_next = False
+                in_block = status in ("T", "E")
+                wrote = False if status == "I" else wrote
+    return cost
+
+
+class Tracer:
+    """The libpq trace of the one pooled connection of each database of ``runtime``."""
+
+    def __init__(self, runtime: Runtime, services: list[str], folder: Path) -> None:
+        self.files: dict[str, Path] = {}
+        self.conns: list[psycopg.Connection[Any]] = []
+        self.folder = folder
+        self.runtime = runtime
+        self.services = services
+
+    def start(self) -> None:
+        for service in self.services:
+            database = self.runtime.database(service)
+            with database.connection() as conn:
+                # Unprepared: every statement's text is in the trace.
+                conn.prepare_threshold = None
+                path = self.folder / f"{service}.trace"
+                path.touch()
+                self.files[service] = path
+                self.conns.append(conn)
+
+    def read(self, service: str, deliver_once: Any) -> tuple[Any, list[str]]:
+        path = self.files[service]
+        database = self.runtime.database(service)
+        with path.open("a") as out:
+            with database.connection() as conn:
+                conn.pgconn.trace(out.fileno())
+                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+            try:
+                result = deliver_once()
+            finally:
+                with database.connection() as conn:
+                    conn.pgconn.untrace()
+        lines = path.read_text().splitlines()
+        path.write_text("")
+        # The pool's own checks when handing the connection out and back are not the step's.
+        return result, lines
+
+
+def _pending(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, OutboxRow]]:
+    for service in app.services:
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(
+                pgsql.SQL(
+                    "DELETE FROM {}.outbox WHERE id = (SELECT min(id) FROM {}.outbox WHERE status = 'pending')"
+                    " RETURNING id, message_id, queue_name, actor_name, message, ordering_key, saga_id,"
+                    " created_at, attempts"
+                ).format(pgsql.Identifier(service.name), pgsql.Identifier(service.name))
+            )
+            for row in cur.fetchall():
+                yield service.name, OutboxRow.from_row(row)
+
+
+def run(orders: int, pings: int) -> dict[str, Cost]:
+    """Deliver ``pings`` ping/pongs and ``orders`` whole order sagas; return the cost per actor."""
+
+    def prepare(dsn: str) -> None:
+        runtime = Runtime(Settings(database_url=dsn))
+        runtime.migrate(app.services)
+        runtime.close()
+
+    costs: dict[str, Cost] = collections.defaultdict(Cost)
+    with scratch_database(ADMIN_DSN, prepare) as dsn, tempfile.TemporaryDirectory() as folder:
+        runtime = Runtime(Settings(database_url=dsn, pool_size=1))
+        steps = app.steps
+        owner = {spec.actor_name: spec.service for spec in steps.values()}
+        tracer = Tracer(runtime, [s.name for s in app.services], Path(folder))
+        tracer.start()
+        with psycopg.connect(dsn, autocommit=True) as courier:
+            with courier.transaction():
+                payments.open_accounts(courier, {f"c{i}": 10**9 for i in range(orders)})
+                inventory.add_stock(courier, {"sku-1": 10**9})
+            for _ in range(pings):
+                with courier.transaction():
+                    pingpong.send_ping(courier)
+            for i in range(orders):
+                with courier.transaction():
+                    place_order(courier, customer_id=f"c{i}", sku="sku-1", quantity=1, amount_cents=100)
+            while True:
+                batch = list(_pending(courier))
+                if not batch:
+                    break
+                for _, row in batch:
+                    message = to_message(row)
+                    spec = steps[row.actor_name]
+                    _, lines = tracer.read(owner[row.actor_name], functools.partial(deliver, spec, runtime, message))
+                    costs[row.actor_name].add(read_trace(lines))
+        runtime.close()
+    return dict(costs)
+
+
+def report(costs: dict[str, Cost]) -> str:
+    """A table: per delivery of each actor, and over the whole saga."""
+    lines = [f"{'actor':40} {'deliveries':>10} {'statements':>10} {'round trips':>11} {'commits':>8} {'async':>6}"]
+    saga = Cost()
+    for actor, cost in sorted(costs.items()):
+        n = cost.deliveries
+        lines.append(
+            f"{actor:40} {n:>10} {cost.statements / n:>10.1f} {cost.round_trips / n:>11.1f}"
+            f" {cost.commits / n:>8.1f} {cost.async_commits / n:>6.1f}"
+        )
+        if not actor.startswith("pingpong"):
+            saga.add(cost)
+    if saga.deliveries:
+        n = saga.deliveries
+        lines.append(
+            f"{'all order-saga steps (per delivery)':40} {n:>10} {saga.statements / n:>10.1f}"
+            f" {saga.round_trips / n:>11.1f} {saga.commits / n:>8.1f} {saga.async_commits / n:>6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--orders", type=int, default=20)
+    parser.add_argument("--pings", type=int, default=20)
+    args = parser.parse_args()
+    print(f"run {uuid.uuid4().hex[:6]}: {args.pings} ping/pongs, {args.orders} order sagas, one delivery at a time")
+    print(report(run(args.orders, args.pings)))
+
+
+if __name__ == "__main__":
+    main()

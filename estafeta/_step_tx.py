@@ -1,0 +1,108 @@
+"""The fixed statements of a step's transaction, in two pipelines around the step's own work.
+
+A delivery used to cost a round trip per statement: count the attempt (its own durable
+commit), ``BEGIN``, the inbox record, the lock's timeout, the lock, the savepoint, the
+work, the reply and its ``NOTIFY``, forgetting the count, ``COMMIT``. Only the work needs
+the answers one at a time. So the statements before it go in one pipeline
+(:func:`begin`), and those after it in another that ends with the ``COMMIT``
+(:func:`committing`): a step without a lock or a reply of its own costs the round trips of
+its work plus two. What the guarantees need is unchanged: the attempt is counted in a
+transaction committed before the work (asynchronously: see ``count_attempt`` in
+``sql/queries.sql``), and the inbox record, the work, the outbox rows and the answer commit
+together, durably, before the message is acknowledged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from sql import inbox
+from sql.errors import DatabaseError
+from sql.queries import query
+
+#: The savepoint a business failure rolls back to: the step's work, not its inbox record.
+SAVEPOINT = "estafeta_step"
+
+
+@attrs.frozen
+class Opened:
+    """What the first pipeline found."""
+
+    #: Deliveries of the message so far, this one included.
+    attempts: int
+    #: ``False``: the inbox already had the message (a duplicate).
+    first: bool
+
+
+def begin(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    consumer: str,
+    message_id: uuid.UUID,
+    lock: tuple[str, Sequence[Any]] | None,
+) -> Opened:
+    """Count the delivery, then open the step's transaction, in one round trip.
+
+    ``conn`` must be an idle autocommit connection. On return it is inside the step's
+    transaction, after the inbox record (which forgot the count), the lock statement (if
+    given) and the savepoint. On an error (a lock not acquired in time) the transaction is
+    left for the caller to roll back; the count was committed before it.
+    """
+    params = {"consumer": consumer, "message_id": message_id}
+    with conn.pipeline():
+        conn.execute("BEGIN")
+        counted = conn.execute(query("count_attempt", schema), params)
+        conn.execute("COMMIT")
+        conn.execute("BEGIN")
+        recorded = inbox.record_forgetting_attempts(conn, schema, consumer, message_id)
+        if lock is not None:
+            conn.execute(lock[0], lock[1])
+        conn.execute(f"SAVEPOINT {SAVEPOINT}")
+    row = counted.fetchone()
+    assert row is not None
+    return Opened(attempts=int(row[0]), first=recorded.rowcount == 1)
+
+
+def roll_back_work(conn: psycopg.Connection[Any]) -> None:
+    """Undo the step's own work (a business failure), keeping the inbox record and the lock."""
+    conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+
+
+@contextlib.contextmanager
+def committing(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Pipeline what the block executes, then ``COMMIT``; raise unless the commit committed.
+
+    Statements in the block must not need their results before the commit (a fence check
+    that does waits for its own answer, which is allowed: the pipeline syncs there).
+    """
+    with conn.pipeline():
+        yield
+        committed = conn.execute("COMMIT")
+    if committed.statusmessage != "COMMIT":
+        # PostgreSQL answers a COMMIT of a failed transaction with ROLLBACK.
+        raise DatabaseError(f"the step's transaction did not commit ({committed.statusmessage})")
+
+
+def commit(conn: psycopg.Connection[Any]) -> None:
+    """End the transaction with a ``COMMIT`` (nothing else to send)."""
+    with committing(conn):
+        pass
+
+
+@contextlib.contextmanager
+def rolled_back_on_error(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Roll back whatever transaction the block leaves open when it raises; the connection goes back clean."""
+    try:
+        yield
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        raise
