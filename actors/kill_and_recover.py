@@ -233,6 +233,10 @@ class KillAndRecover:
             "kills": self.kills,
             "sagas": dict(check.sagas),
             "money": [check.money_before, check.money_now],
+            # From the ledger's events: opened and deposited, and replayed balances + charged payments now.
+            "ledger": [check.ledger_deposited, check.ledger_now],
+            "ledger_events": check.ledger_events,
+            "projection_mismatches": check.projection_mismatches,
             "stock": [check.stock_before, check.stock_now],
             "mismatches": check.mismatches,
             "reconciled": check.ok,

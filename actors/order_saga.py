@@ -19,7 +19,7 @@ import psycopg
 
 from estafeta import EstafetaError, Runtime, Saga, SagaState, SagaStep
 
-from . import orders
+from . import ledger, orders, payments
 from .inventory import ReleaseStock, ReserveStock
 from .notifications import NotifyCustomer
 from .orders import CancelOrder, ConfirmOrder
@@ -145,6 +145,13 @@ class Reconciliation:
     #: Cents in the accounts at the start, and now in the accounts plus charged (unrefunded) payments.
     money_before: int
     money_now: int
+    #: From the ledger's events alone: opening balances and deposits, and the replayed
+    #: balances plus charged payments now; how many events were replayed.
+    ledger_deposited: int
+    ledger_now: int
+    ledger_events: int
+    #: Accounts whose ``payments.accounts`` row differs from the ledger's replay, with both.
+    projection_mismatches: list[str]
     #: Units in stock at the start, and now in stock plus reserved (unreleased) reservations.
     stock_before: int
     stock_now: int
@@ -155,8 +162,9 @@ class Reconciliation:
 
     @property
     def ok(self) -> bool:
-        """Money and stock conserved, and every order consistent with its saga's outcome."""
-        return self.money_before == self.money_now and self.stock_before == self.stock_now and not self.mismatches
+        """Money conserved (in the accounts and in the ledger), stock conserved, every order consistent."""
+        money = self.money_before == self.money_now == self.ledger_now == self.ledger_deposited
+        return money and not self.projection_mismatches and self.stock_before == self.stock_now and not self.mismatches
 
 
 def reconcile(
@@ -165,7 +173,10 @@ def reconcile(
     """Check the outcome of ``order_ids``, placed against accounts seeded with ``balances`` and SKUs with ``stock``.
 
     Every completed order must be confirmed, charged its amount and have its stock
-    reserved; every compensated one cancelled, with nothing charged or reserved.
+    reserved; every compensated one cancelled, with nothing charged or reserved. The
+    accounts are also replayed from the ledger's events: their balances plus the charged
+    payments must equal what was seeded, each must equal its ``payments.accounts`` row, and
+    what the ledger charged each order must be what ``payments.payments`` says.
     """
     ids = list(order_ids)
     with runtime.database("orders").connection() as conn:
@@ -174,15 +185,30 @@ def reconcile(
     with runtime.database("payments").connection() as conn:
         money = conn.execute(_MONEY, {"c": list(balances)}).fetchone()
         charged = {r[0]: r[1] for r in conn.execute(_CHARGED, (ids,)).fetchall()}
+        audit = ledger.audit(conn, payments.STORE, balances)
+        projected = ledger.projected_balances(conn, balances)
     with runtime.database("inventory").connection() as conn:
         units = conn.execute(_UNITS, {"s": list(stock)}).fetchone()
         reserved = {r[0]: r[1] for r in conn.execute(_RESERVED, (ids,)).fetchall()}
     mismatches = _mismatches(ids, placed, outcome, charged, reserved)
+    mismatches += [
+        f"order {o}: the ledger charged {audit.charged.get(o)}, payments.payments says {charged.get(o)}"
+        for o in ids
+        if audit.charged.get(o) != charged.get(o)
+    ]
     counts = collections.Counter(outcome.values())
     assert money is not None and units is not None
     return Reconciliation(
         money_before=sum(balances.values()),
-        money_now=int(money[0]),
+        money_now=int(money[0]) + int(money[1]),
+        ledger_deposited=audit.deposited,
+        ledger_now=sum(audit.balances.values()) + int(money[1]),
+        ledger_events=audit.events,
+        projection_mismatches=[
+            f"account {c}: the ledger replays to {audit.balances.get(c)}, payments.accounts has {projected.get(c)}"
+            for c in balances
+            if audit.balances.get(c) != projected.get(c)
+        ],
         stock_before=sum(stock.values()),
         stock_now=int(units[0]),
         sagas=dict(counts),
@@ -212,9 +238,9 @@ def _mismatches(
 
 _ORDERS = "SELECT order_id, status, amount_cents, quantity FROM orders.orders WHERE order_id = ANY(%s)"
 _SAGA_STATUS = "SELECT order_id, status FROM orders.saga_order WHERE order_id = ANY(%s)"
-_MONEY = """SELECT coalesce((SELECT sum(balance_cents) FROM payments.accounts WHERE customer_id = ANY(%(c)s)), 0)
-                 + coalesce((SELECT sum(amount_cents) FROM payments.payments
-                             WHERE customer_id = ANY(%(c)s) AND status = 'charged'), 0)"""
+_MONEY = """SELECT coalesce((SELECT sum(balance_cents) FROM payments.accounts WHERE customer_id = ANY(%(c)s)), 0),
+                  coalesce((SELECT sum(amount_cents) FROM payments.payments
+                            WHERE customer_id = ANY(%(c)s) AND status = 'charged'), 0)"""
 _CHARGED = "SELECT order_id, amount_cents FROM payments.payments WHERE order_id = ANY(%s) AND status = 'charged'"
 _UNITS = """SELECT coalesce((SELECT sum(available) FROM inventory.stock WHERE sku = ANY(%(s)s)), 0)
                  + coalesce((SELECT sum(quantity) FROM inventory.reservations

@@ -1,4 +1,11 @@
-"""The Payments service: customers' accounts, charged and refunded once per order.
+"""The Payments service: customers' accounts (an event-sourced ledger), charged and refunded once per order.
+
+Each account is a stream of events in the payments schema (:mod:`actors.ledger`); its
+balance is their replay. The steps load the account through ``ctx.events``, record the
+charge or the refund, and save it in the step's transaction, with ``payments.accounts`` (the
+ledger's projection, read by the CLI, the demo and operators) written in that same
+transaction. Two charges of one account racing each other conflict on the stream's
+version: the second one's transaction rolls back and Dramatiq retries it.
 
 Both steps serialise on the order id and are idempotent by the payment row's status
 (one row per order, ever): a second charge returns the first payment, a second refund
@@ -16,11 +23,27 @@ from typing import Any, NoReturn
 import attrs
 import psycopg
 
-from estafeta import BusinessFailure, EstafetaError, Service, StepContext
+from estafeta import BusinessFailure, ConcurrencyConflict, Repository, Service, StepContext
 
+from .ledger import EVENTS, Account, AccountGone, LedgerRefusal, project, stream_of
 from .migrations import MIGRATIONS
 
 SERVICE = Service("payments", migrations=MIGRATIONS / "payments")
+#: The ledger's event store, in the payments schema.
+STORE = SERVICE.use_events(EVENTS, aggregates=[Account])
+
+__all__ = [
+    "SERVICE",
+    "STORE",
+    "AccountGone",
+    "ChargePayment",
+    "RefundPayment",
+    "charge_payment",
+    "close_account",
+    "deposit",
+    "open_accounts",
+    "refund_payment",
+]
 
 
 @attrs.frozen
@@ -40,14 +63,6 @@ class RefundPayment:
     customer_id: str
 
 
-class AccountGone(EstafetaError):
-    """The money of a refund has no account to go back to.
-
-    Not a business failure: retrying cannot help until an operator restores the account,
-    so the refund is retried, then parked, and its saga ends ``failed`` for the operator.
-    """
-
-
 def _order_lock(command: ChargePayment | RefundPayment) -> str:
     return str(command.order_id)
 
@@ -56,8 +71,12 @@ def _order_lock(command: ChargePayment | RefundPayment) -> str:
 def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
     """Charge the order once; refuse (business failure) without an account or enough money.
 
-    A refusal is the order's one decision: it is recorded, and every later charge of the
-    order (an earlier send of the command, retried late) is refused too.
+    In one transaction: the order's payment row is looked up (a second charge finds it),
+    the account is loaded from its events, ``MoneyWithdrawn`` is appended with the version
+    it was loaded at, ``payments.accounts`` is updated and the payment row inserted. A
+    concurrent charge of the same account makes the append raise ``ConcurrencyConflict``:
+    the step rolls back and Dramatiq retries it on the new balance. A refusal is the order's
+    one decision: it is recorded, and every later charge of the order is refused too.
     """
     conn = ctx.conn
     found = conn.execute(
@@ -70,13 +89,15 @@ def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
         if status == "refused":
             raise BusinessFailure(f"order {command.order_id} was refused before: {reason}")
         raise BusinessFailure(f"order {command.order_id} was cancelled before it could be charged")
-    taken = conn.execute(
-        """UPDATE payments.accounts SET balance_cents = balance_cents - %(amount)s, updated_at = now()
-           WHERE customer_id = %(customer)s AND balance_cents >= %(amount)s""",
-        {"amount": command.amount_cents, "customer": command.customer_id},
-    ).rowcount
-    if not taken:
-        _refuse(ctx, command, _why_not(conn, command))
+    account = ctx.events.get(Account, stream_of(command.customer_id))
+    if account is None or not account.is_open:
+        _refuse(ctx, command, f"customer {command.customer_id} has no account")
+    try:
+        account.withdraw(command.amount_cents, command.order_id)
+    except LedgerRefusal as refusal:
+        _refuse(ctx, command, str(refusal))
+    ctx.events.save(account)
+    project(conn, account)
     payment_id = uuid.uuid4()
     conn.execute(
         """INSERT INTO payments.payments (payment_id, order_id, customer_id, amount_cents, status, saga_id)
@@ -84,18 +105,6 @@ def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
         (payment_id, command.order_id, command.customer_id, command.amount_cents, ctx.saga_id),
     )
     return {"payment_id": str(payment_id)}
-
-
-def _why_not(conn: psycopg.Connection[Any], command: ChargePayment) -> str:
-    balance = conn.execute(
-        "SELECT balance_cents FROM payments.accounts WHERE customer_id = %s", (command.customer_id,)
-    ).fetchone()
-    if balance is None:
-        return f"customer {command.customer_id} has no account"
-    return (
-        f"insufficient funds: customer {command.customer_id} has {balance[0]} cents,"
-        f" order {command.order_id} needs {command.amount_cents}"
-    )
 
 
 def _refuse(ctx: StepContext, command: ChargePayment, reason: str) -> NoReturn:
@@ -112,7 +121,7 @@ def _refuse(ctx: StepContext, command: ChargePayment, reason: str) -> NoReturn:
 
 @SERVICE.step(RefundPayment, lock=_order_lock)
 def refund_payment(ctx: StepContext, command: RefundPayment) -> dict[str, Any]:
-    """Return the order's charge to the account, once; raise :class:`AccountGone` if it is gone."""
+    """Return the order's charge to the account, once (``MoneyRefunded``); :class:`AccountGone` if it is gone."""
     conn = ctx.conn
     found = conn.execute(
         "SELECT status, amount_cents, customer_id FROM payments.payments WHERE order_id = %s FOR UPDATE",
@@ -128,14 +137,14 @@ def refund_payment(ctx: StepContext, command: RefundPayment) -> dict[str, Any]:
     status, amount, customer = found
     if status in ("refunded", "refused"):
         return {"refunded_cents": 0}
-    returned = conn.execute(
-        "UPDATE payments.accounts SET balance_cents = balance_cents + %s, updated_at = now() WHERE customer_id = %s",
-        (amount, customer),
-    ).rowcount
-    if not returned:
+    account = ctx.events.get(Account, stream_of(customer))
+    if account is None or not account.is_open:
         raise AccountGone(
             f"cannot refund {amount} cents of order {command.order_id}: customer {customer} has no account"
         )
+    account.refund(int(amount), command.order_id)
+    ctx.events.save(account)
+    project(conn, account)
     conn.execute(
         "UPDATE payments.payments SET status = 'refunded', updated_at = now() WHERE order_id = %s", (command.order_id,)
     )
@@ -143,11 +152,57 @@ def refund_payment(ctx: StepContext, command: RefundPayment) -> dict[str, Any]:
 
 
 def open_accounts(conn: psycopg.Connection[Any], balances: dict[str, int]) -> int:
-    """Create the accounts that do not exist yet with the given balances; return how many were created."""
-    created = 0
+    """Open the accounts that are not open yet with the given balances; return how many were opened.
+
+    Each opening appends ``AccountOpened`` (with the balance) and writes its
+    ``payments.accounts`` row, in the caller's transaction. An account opened concurrently
+    by another transaction counts as already there.
+    """
+    accounts = Repository(STORE, Account)
+    opened = 0
     for customer, balance in balances.items():
-        created += conn.execute(
-            "INSERT INTO payments.accounts (customer_id, balance_cents) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-            (customer, balance),
-        ).rowcount
-    return created
+        account = accounts.get(conn, stream_of(customer)) or Account.new(stream_of(customer))
+        if account.is_open:
+            continue
+        account.open(customer, balance)
+        try:
+            with conn.transaction():  # a savepoint: a conflict leaves the caller's transaction usable
+                accounts.save(conn, account)
+        except ConcurrencyConflict:
+            continue
+        project(conn, account)
+        opened += 1
+    return opened
+
+
+def deposit(conn: psycopg.Connection[Any], customer_id: str, amount_cents: int) -> int:
+    """Put money into an open account (``MoneyDeposited``), in the caller's transaction; the new balance.
+
+    Raises :class:`~actors.ledger.LedgerRefusal` without an open account or for an amount
+    that is not positive, and ``ConcurrencyConflict`` if the account changed meanwhile.
+    """
+    accounts = Repository(STORE, Account)
+    account = accounts.get(conn, stream_of(customer_id))
+    if account is None:
+        raise LedgerRefusal(f"customer {customer_id} has no account")
+    account.deposit(amount_cents)
+    accounts.save(conn, account)
+    project(conn, account)
+    return account.balance_cents
+
+
+def close_account(conn: psycopg.Connection[Any], customer_id: str) -> int:
+    """Close an open account (``AccountClosed``: its balance is paid out), in the caller's transaction.
+
+    Returns the cents paid out; its ``payments.accounts`` row is deleted. A refund to a
+    closed account raises :class:`AccountGone` until the account is opened again.
+    """
+    accounts = Repository(STORE, Account)
+    account = accounts.get(conn, stream_of(customer_id))
+    if account is None:
+        raise LedgerRefusal(f"customer {customer_id} has no account")
+    paid_out = account.balance_cents
+    account.close()
+    accounts.save(conn, account)
+    project(conn, account)
+    return paid_out

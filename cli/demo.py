@@ -337,6 +337,10 @@ def _reconciliation(check: Reconciliation) -> dict[str, Any]:
     return {
         "money_before": check.money_before,
         "money_now": check.money_now,
+        "ledger_deposited": check.ledger_deposited,
+        "ledger_now": check.ledger_now,
+        "ledger_events": check.ledger_events,
+        "projection_mismatches": check.projection_mismatches[:20],
         "stock_before": check.stock_before,
         "stock_now": check.stock_now,
         "mismatches": check.mismatches[:20],
@@ -364,6 +368,12 @@ def _report(s: dict[str, Any]) -> str:
         "reconciliation",
         f"  money   {r['money_before']} cents seeded = {r['money_now']} in accounts + charged payments now"
         f"   {ok[r['money_before'] == r['money_now']]}",
+        f"  ledger  {r['ledger_deposited']} cents opened and deposited in the ledger's events"
+        f" = {r['ledger_now']} in the accounts replayed from {r['ledger_events']} events + charged payments now"
+        f"   {ok[r['money_before'] == r['ledger_deposited'] == r['ledger_now']]}",
+        "  accounts  every payments.accounts row equals its account replayed from the ledger"
+        f"   {ok[not r['projection_mismatches']]}",
+        *(f"    {m}" for m in r["projection_mismatches"]),
         f"  stock   {r['stock_before']} units seeded = {r['stock_now']} in stock + reserved now"
         f"   {ok[r['stock_before'] == r['stock_now']]}",
         "  orders  every completed order confirmed, charged once and reserved; every compensated one"

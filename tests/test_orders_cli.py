@@ -132,6 +132,10 @@ def test_the_demo_runs_end_to_end_and_reconciles(env: dict[str, str]) -> None:
     env = {**env, "ESTAFETA_SAGA_STEP_TIMEOUT": "30"}
     summary = json.loads(ok(env, "demo", "--orders", "40", "--seed", "3", "--json"))
     assert summary["reconciled"] is True, summary
+    # Money is also reconciled from the payments ledger's events, replayed.
+    money = summary["reconciliation"]
+    assert money["ledger_deposited"] == money["ledger_now"] == money["money_before"], money
+    assert money["ledger_events"] > summary["completed"] and money["projection_mismatches"] == []
     assert summary["completed"] + summary["compensated"] == 40
     assert summary["completed"] and summary["compensated"] and not summary["failed"]
     assert summary["duplicates_published"] > 0

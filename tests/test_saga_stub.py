@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
+from actors import payments
 from actors.order_saga import ORDER_SAGA, reconcile
 from brokers.relay import Relay
 from cli.demo import DuplicatingPublisher
@@ -97,7 +98,8 @@ def test_a_compensation_that_keeps_failing_fails_the_saga_until_an_operator_resu
     # Drive the saga by hand up to the refund (the stock was short), then lose the account:
     # the refund has nowhere to put the money back.
     Courier(runtime, conn).run(hold=frozenset({"payments.refund_payment"}))
-    conn.execute("DELETE FROM payments.accounts WHERE customer_id = 'c1'")
+    with conn.transaction():
+        payments.close_account(conn, "c1")
     later_relay.set()
     # Dramatiq retries the refund with backoff, then the step parks it; the watchdog sees
     # the dead letter once the deadline passes and fails the saga with the reason.
@@ -119,7 +121,8 @@ def test_a_compensation_that_keeps_failing_fails_the_saga_until_an_operator_resu
     assert scalar(conn, "SELECT count(*) FROM notifications.sent") == 0
 
     # The operator restores the account and resumes the saga: the refund runs as a new command.
-    conn.execute("INSERT INTO payments.accounts (customer_id, balance_cents) VALUES ('c1', 7000)")
+    with conn.transaction():
+        assert payments.open_accounts(conn, {"c1": 7_000}) == 1  # opened again, with what was paid out
     with runtime.database("orders").transaction() as tx:
         assert ORDER_SAGA.resume(tx, placed.saga_id) == "retrying"
     wait_until(lambda: saga(conn, placed.saga_id).status == "compensated", timeout=30, what="compensated")

@@ -3,7 +3,8 @@
 Orders are placed with `estafeta orders place --count`; the workers and the relay are
 killed while sagas run, the workers again while sagas compensate, and everything is
 restarted. Every saga must end completed or compensated, nobody charged twice, money
-and stock conserved (actors/kill_and_recover.py is the same run at full size).
+and stock conserved, and the payments ledger replayed from its events equal to the
+payments.accounts projection (actors/kill_and_recover.py is the same run at full size).
 """
 
 from __future__ import annotations
@@ -53,7 +54,17 @@ def test_every_saga_ends_after_workers_and_relay_are_killed(
     assert report["mismatches"] == []
     money, stock = report["money"], report["stock"]
     assert money[0] == money[1] and stock[0] == stock[1]  # type: ignore[index]
+    _assert_the_ledger_agrees(report)
     assert report["reconciled"] is True
+
+
+def _assert_the_ledger_agrees(report: dict[str, object]) -> None:
+    """Money conserved in the ledger's events too, and each account's replay equal to its projection."""
+    money, ledger = report["money"], report["ledger"]
+    assert ledger == [money[0], money[0]], (ledger, money)  # type: ignore[index]
+    # At least an opening per account and a withdrawal per completed order were replayed.
+    assert report["ledger_events"] > report["sagas"]["completed"], report  # type: ignore[index, operator]
+    assert report["projection_mismatches"] == [], report["projection_mismatches"]
 
 
 def test_every_saga_ends_with_each_service_in_its_own_database(
@@ -72,6 +83,7 @@ def test_every_saga_ends_with_each_service_in_its_own_database(
         assert report["orders"] == 150
         assert set(report["sagas"]) == {"completed", "compensated"}, report["sagas"]
         assert report["reconciled"] is True, report["mismatches"]
+        _assert_the_ledger_agrees(report)
         # Each service's rows are in its own database, and nowhere else.
         prefix = report["prefix"]
         where = {
@@ -102,3 +114,4 @@ def test_done_means_a_thousand_orders_on_two_worker_processes_survive_kills(
     assert report["orders"] == 1000
     assert set(report["sagas"]) == {"completed", "compensated"}, report["sagas"]  # type: ignore[arg-type]
     assert report["reconciled"] is True, report["mismatches"]
+    _assert_the_ledger_agrees(report)
