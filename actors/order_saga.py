@@ -19,7 +19,7 @@ import psycopg
 
 from estafeta import EstafetaError, Runtime, Saga, SagaState, SagaStep
 
-from . import orders
+from . import order_history, orders
 from .inventory import ReleaseStock, ReserveStock
 from .notifications import NotifyCustomer
 from .orders import CancelOrder, ConfirmOrder
@@ -75,6 +75,8 @@ ORDER_SAGA = Saga(
         SagaStep("notify_customer", action=_notify("confirmed"), retriable=True),
     ],
     after_compensation=[SagaStep("notify_cancellation", action=_notify("cancelled"))],
+    # Each transition appends the order's history (actors/order_events.py) in its own transaction.
+    on_transition=order_history.record_transition,
 )
 
 
