@@ -164,12 +164,16 @@ _DDL = """CREATE TABLE {order_summary} (
     failed_at timestamptz,
     cancel_reason text, failure text,
     version int NOT NULL,
-    timeline jsonb NOT NULL
+    timeline jsonb NOT NULL,
+    projected_at timestamptz NOT NULL
 )"""
 
 
 class OrderSummary(Projection):
     """Per order, in ``orders.order_summary``: its status, amounts, milestones, cancel reason and timeline.
+
+    Its columns are :class:`OrderView`'s (the timeline as a JSON array of ``{at, what,
+    detail}``), plus ``projected_at``: when the projector last wrote the row.
 
     A batch reads the summaries of the orders it touches in one query, folds the events
     into them and writes them back in one statement.
@@ -188,7 +192,11 @@ class OrderSummary(Projection):
             order_id = order_id_of(recorded.stream_id)
             views[order_id] = apply(views.get(order_id), recorded)
         columns = sql.SQL(", ").join(map(sql.Identifier, _COLUMNS))
-        upsert = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT (order_id) DO UPDATE SET {}").format(
+        # projected_at: when the batch wrote the row, so lag = projected_at - the last event's time.
+        upsert = sql.SQL(
+            "INSERT INTO {} ({}, projected_at) VALUES ({}, clock_timestamp())"
+            " ON CONFLICT (order_id) DO UPDATE SET {}, projected_at = excluded.projected_at"
+        ).format(
             table,
             columns,
             sql.SQL(", ").join(sql.Placeholder(c) for c in _COLUMNS),
