@@ -1,0 +1,111 @@
+"""``python -m bench.order_history``: how far the order's history (the OrderSummary projection) lags its events.
+
+Orders are placed at a steady rate; a StubBroker worker in this process runs their sagas
+and, as every worker does, the app's projectors; a relay thread carries the outbox. For
+every order, the lag of its last event is the time from the event's record to the
+projector's write of the order's summary row (``projected_at``): one database clock.
+
+``--database-url embedded`` (the default) measures on a private PostgreSQL server, with
+no other transaction on it; a shared server's open transactions hold every projector
+back (transaction ids are server-wide), so a DSN of a busy server shows that too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+from typing import Any
+
+import dramatiq
+import psycopg
+from dramatiq.brokers.stub import StubBroker
+
+from actors.app import app
+from actors.order_saga import place_order
+from cli.seed import plan_orders, seed_services
+from estafeta import Runtime, Settings, build_relay
+from sql import embedded
+
+_LAG = """
+WITH lag AS (
+    SELECT 1000 * extract(epoch FROM projected_at - (timeline -> -1 ->> 'at')::timestamptz) AS ms
+      FROM orders.order_summary WHERE customer_id LIKE %s)
+SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms),
+       max(ms)
+  FROM lag"""
+_BEHIND = """
+SELECT count(*) FROM orders.streams s LEFT JOIN orders.order_summary o ON s.stream_id = 'order-' || o.order_id
+ WHERE s.type = 'order' AND s.version > coalesce(o.version, 0)"""
+_LIVE = "SELECT count(*) FROM orders.saga_order WHERE status IN ('running', 'compensating')"
+
+
+def _place(runtime: Runtime, count: int, rate: float, seed: int) -> None:
+    plan = plan_orders(count, prefix=f"lag{seed}-", rng=random.Random(seed))
+    seed_services(runtime, plan.balances, plan.stock)
+    began = time.monotonic()
+    for n, (customer, sku, quantity, amount) in enumerate(plan.orders):
+        delay = began + n / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        with runtime.database("orders").transaction() as conn:
+            place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
+
+
+def _scalar(conn: psycopg.Connection[Any], query: str) -> Any:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _wait(conn: psycopg.Connection[Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _scalar(conn, _LIVE) == 0 and _scalar(conn, _BEHIND) == 0:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"sagas or the projection still behind after {timeout} s")
+
+
+def main() -> None:
+    """Place the orders, let the sagas and the projection finish, print the lag."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", default="embedded", help="A scratch database (default: a private server).")
+    parser.add_argument("--orders", type=int, default=300)
+    parser.add_argument("--rate", type=float, default=20.0, help="Orders placed per second.")
+    args = parser.parse_args()
+    dsn = embedded.start() if args.database_url == "embedded" else args.database_url
+    runtime = Runtime(Settings(database_url=dsn))
+    app.migrate(runtime)
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    app.bind(broker, runtime)
+    worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
+    worker.start()
+    relay = build_relay(runtime, broker, app.service_names, poll_interval=0.2)
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        seed = random.randrange(1_000_000)
+        _place(runtime, args.orders, args.rate, seed)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _wait(conn, 300)
+            # Only this run's orders (the customers' prefix): the database may hold earlier runs'.
+            count, p50, p99, top = conn.execute(_LAG, (f"lag{seed}-%",)).fetchone() or (0, None, None, None)
+    finally:
+        stop.set()
+        thread.join(10)
+        worker.stop()
+    print(
+        f"{args.orders} orders at {args.rate:g}/s on {'a private server' if args.database_url == 'embedded' else dsn}"
+    )
+    print(
+        f"order history lag (last event -> summary row), {count} orders:"
+        f" p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {top:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
