@@ -11,7 +11,7 @@ for any time, also before the projection existed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -272,3 +272,45 @@ def first_recorded(conn: psycopg.Connection[Any], order_id: uuid.UUID) -> dateti
     """When the order's first event was recorded; ``None`` if it has none."""
     found = STORE.read(conn, stream_id(order_id), up_to_version=1)
     return found[0].recorded_at if found else None
+
+
+# -- checking it -------------------------------------------------------------------------
+
+_COUNTS = """SELECT stream_id, type || coalesce(':' || (data ->> 'kind'), ''), count(*)
+               FROM orders.events WHERE stream_id = ANY(%s) GROUP BY 1, 2"""
+#: What the history of an order whose saga ended must hold exactly once, and must not hold.
+_ONCE = {
+    "completed": ("OrderPlaced", "PaymentCharged", "StockReserved", "OrderConfirmed", "CustomerNotified:confirmed"),
+    "compensated": ("OrderPlaced", "OrderCancelled", "CustomerNotified:cancelled"),
+}
+_NEVER = {
+    "completed": ("OrderCancelled", "PaymentRefunded", "StockReleased", "CustomerNotified:cancelled"),
+    "compensated": ("OrderConfirmed", "CustomerNotified:confirmed"),
+}
+#: A compensated order's history holds each of these at most once, and its undoing if it holds it.
+_UNDONE = {"PaymentCharged": "PaymentRefunded", "StockReserved": "StockReleased"}
+
+
+def disagreements(conn: psycopg.Connection[Any], outcomes: Mapping[uuid.UUID, str]) -> list[str]:
+    """Orders whose history disagrees with how their saga ended (``completed``, ``compensated``), with why.
+
+    Every fact must be recorded exactly once, whatever crashed and was redelivered on the
+    way; sagas still live (or ``failed``) are not checked.
+    """
+    ids = [order_id for order_id, status in outcomes.items() if status in _ONCE]
+    counts: dict[str, dict[str, int]] = {stream_id(order_id): {} for order_id in ids}
+    for stream, kind, count in conn.execute(_COUNTS, ([stream_id(i) for i in ids],)).fetchall():
+        counts[stream][kind] = int(count)
+    found = []
+    for order_id in ids:
+        status, seen = outcomes[order_id], counts[stream_id(order_id)]
+        wrong = [f"{kind} x{seen.get(kind, 0)}" for kind in _ONCE[status] if seen.get(kind, 0) != 1]
+        wrong += [f"{kind} x{seen[kind]}" for kind in _NEVER[status] if seen.get(kind)]
+        if status == "compensated":
+            wrong += [f"{kind} x{n}" for kind, n in seen.items() if kind in (*_UNDONE, *_UNDONE.values()) and n > 1]
+            wrong += [
+                f"{done} without {undo}" for done, undo in _UNDONE.items() if seen.get(done) and not seen.get(undo)
+            ]
+        if wrong:
+            found.append(f"order {order_id}: saga {status}, its history has {', '.join(wrong)}")
+    return found

@@ -167,19 +167,21 @@ def reconcile(
     """Check the outcome of ``order_ids``, placed against accounts seeded with ``balances`` and SKUs with ``stock``.
 
     Every completed order must be confirmed, charged its amount and have its stock
-    reserved; every compensated one cancelled, with nothing charged or reserved.
+    reserved; every compensated one cancelled, with nothing charged or reserved; and the
+    history of each must hold each of its facts exactly once.
     """
     ids = list(order_ids)
     with runtime.database("orders").connection() as conn:
         placed = {r[0]: r[1:] for r in conn.execute(_ORDERS, (ids,)).fetchall()}
         outcome = dict(conn.execute(_SAGA_STATUS, (ids,)).fetchall())
+        history = order_history.disagreements(conn, outcome)
     with runtime.database("payments").connection() as conn:
         money = conn.execute(_MONEY, {"c": list(balances)}).fetchone()
         charged = {r[0]: r[1] for r in conn.execute(_CHARGED, (ids,)).fetchall()}
     with runtime.database("inventory").connection() as conn:
         units = conn.execute(_UNITS, {"s": list(stock)}).fetchone()
         reserved = {r[0]: r[1] for r in conn.execute(_RESERVED, (ids,)).fetchall()}
-    mismatches = _mismatches(ids, placed, outcome, charged, reserved)
+    mismatches = _mismatches(ids, placed, outcome, charged, reserved) + history
     counts = collections.Counter(outcome.values())
     assert money is not None and units is not None
     return Reconciliation(

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from actors import order_history
-from actors.order_events import STORE, stream_id
+from actors.order_events import STORE, PaymentCharged, stream_id
 from actors.order_history import OrderSummary, OrderView
-from actors.order_saga import ORDER_SAGA
+from actors.order_saga import ORDER_SAGA, reconcile
 from estafeta import Projector, Runtime, SagaTransition
 from sql import event_store
 
@@ -228,3 +228,23 @@ def test_status_reports_the_projection_lag(
     assert found.lag_seconds is not None and found.lag_seconds >= 0
     catch_up(conn, projector)
     assert order_history.projected(conn, placed.order_id).lag_events == 0
+
+
+def test_the_reconciliation_checks_every_fact_is_recorded_once(
+    runtime: Runtime, conn: psycopg.Connection[Any], courier: Courier
+) -> None:
+    seed(runtime, {"c1": 10_000, "c2": 1_000}, {"s1": 5})
+    good = place(runtime, "c1", "s1", 2, 3_000)
+    refused = place(runtime, "c2", "s1", 1, 3_000)
+    courier.run()
+    outcomes = {good.order_id: "completed", refused.order_id: "compensated"}
+    assert order_history.disagreements(conn, outcomes) == []
+    assert reconcile(runtime, list(outcomes), {"c1": 10_000, "c2": 1_000}, {"s1": 5}).ok
+    # A fact recorded twice, or a compensated order's history claiming a payment never refunded:
+    STORE.append(conn, stream_id(good.order_id), [PaymentCharged(3_000)])
+    STORE.append(conn, stream_id(refused.order_id), [PaymentCharged(3_000)])
+    assert order_history.disagreements(conn, outcomes) == [
+        f"order {good.order_id}: saga completed, its history has PaymentCharged x2",
+        f"order {refused.order_id}: saga compensated, its history has PaymentCharged without PaymentRefunded",
+    ]
+    assert not reconcile(runtime, list(outcomes), {"c1": 10_000, "c2": 1_000}, {"s1": 5}).ok
