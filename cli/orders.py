@@ -197,6 +197,8 @@ def history_command(order_id: uuid.UUID, as_of: datetime | None, as_json: bool) 
         return
     when = f" as of {as_of.isoformat()}" if as_of else ""
     what = f"{view.customer_id}, {view.quantity} x {view.sku}, {view.amount_cents} cents"
+    if view.placed_at is None:
+        what = "placed before its history was recorded"
     reason = f": {view.cancel_reason}" if view.cancel_reason else ""
     click.echo(f"order {view.order_id}{when}: {view.status}{reason} ({what})")
     if view.failure:
