@@ -129,7 +129,9 @@ class Saga:
     on ``conn``, inside the transaction of each transition (every entry of the saga's log),
     after the saga row moved and before its next command is written: what it writes
     commits with the transition or not at all, and an exception rolls the transition back
-    (a reply is then retried). It must only touch the saga service's own database.
+    (a reply is then retried). It must only touch the saga service's own database. (The
+    watchdog's failing of a saga it cannot move as declared bypasses the saga's code,
+    this hook included: the definition may be what is broken.)
     """
 
     def __init__(
