@@ -15,7 +15,7 @@ from actors import order_history
 from actors.order_events import STORE, PaymentCharged, stream_id
 from actors.order_history import OrderSummary, OrderView
 from actors.order_saga import ORDER_SAGA, reconcile
-from estafeta import Projector, Runtime, SagaTransition
+from estafeta import Projector, Runtime, SagaTransition, Watchdog
 from sql import event_store
 
 from .helpers import scalar
@@ -248,3 +248,45 @@ def test_the_reconciliation_checks_every_fact_is_recorded_once(
         f"order {refused.order_id}: saga compensated, its history has PaymentCharged without PaymentRefunded",
     ]
     assert not reconcile(runtime, list(outcomes), {"c1": 10_000, "c2": 1_000}, {"s1": 5}).ok
+
+
+def _unanswered(runtime: Runtime, courier: Courier, actor: str) -> uuid.UUID:
+    """An order whose ``actor`` never answers: the watchdog sends it three times, then gives up on it."""
+    watchdog = Watchdog(runtime, [ORDER_SAGA])
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    courier.run(hold=frozenset({actor}))
+    for attempt in range(1, 4):
+        time.sleep(0.06 * attempt)
+        watchdog.check_once()
+        while courier.pending(actor):
+            courier.take(actor)
+    return placed.order_id
+
+
+def test_a_step_given_up_on_by_the_watchdog_says_so(
+    runtime: Runtime, conn: psycopg.Connection[Any], courier: Courier, projector: Projector
+) -> None:
+    order_id = _unanswered(runtime, courier, RESERVE)
+    courier.run()
+    view = summary(conn, projector, order_id)
+    assert timeline(view) == ["placed", "paid", "gave up", "released", "refunded", "cancelled", "notified"]
+    assert view.timeline[2].detail == "reserve_inventory: no reply after 3 attempt(s)"
+    assert (view.status, view.cancel_reason) == ("cancelled", "reserve_inventory: no reply after 3 attempt(s)")
+    assert view.reserved_at is None and view.released_at is not None  # the release found nothing to undo
+
+
+def test_a_saga_failed_for_an_operator_then_resumed(
+    runtime: Runtime, conn: psycopg.Connection[Any], courier: Courier, projector: Projector
+) -> None:
+    order_id = _unanswered(runtime, courier, CONFIRM)
+    stopped = summary(conn, projector, order_id)
+    assert timeline(stopped) == ["placed", "paid", "reserved", "saga failed"]
+    assert (stopped.status, stopped.failure) == ("pending", "confirm_order: no reply after 3 attempt(s)")
+    (saga_id,) = ORDER_SAGA.of_key(conn, order_id)
+    with runtime.database("orders").transaction() as tx:
+        ORDER_SAGA.resume(tx, saga_id)
+    courier.run()
+    view = summary(conn, projector, order_id)
+    assert timeline(view) == ["placed", "paid", "reserved", "saga failed", "resumed", "confirmed", "notified"]
+    assert (view.status, view.failure, view.failed_at) == ("confirmed", None, stopped.failed_at)
