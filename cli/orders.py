@@ -158,6 +158,9 @@ def _print_projected(projected: Projected, built: bool) -> None:
             "history: the order_summary projection has not run yet (the workers run it, or `estafeta projections run`)"
         )
         return
+    if projected.view is None and not projected.lag_events:
+        click.echo("history: none recorded (the order was placed before the orders service recorded events)")
+        return
     behind = ""
     if projected.lag_events:
         age = f", the oldest {projected.lag_seconds:.3f} s old" if projected.lag_seconds is not None else ""

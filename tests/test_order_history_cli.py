@@ -121,7 +121,7 @@ def test_bad_history_input_is_one_line_and_exit_code_2(env: dict[str, str], args
 
 
 def test_history_before_an_order_existed_or_never_recorded(
-    env: dict[str, str], runtime: Runtime, conn: psycopg.Connection[Any]
+    env: dict[str, str], runtime: Runtime, conn: psycopg.Connection[Any], projector: Projector
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000)
@@ -131,6 +131,7 @@ def test_history_before_an_order_existed_or_never_recorded(
     legacy = uuid.uuid4()
     with runtime.database("orders").transaction() as tx:  # an order placed before its history was recorded
         orders.insert_order(tx, legacy, customer_id="c1", sku="s1", quantity=1, amount_cents=100, idempotency_key=None)
+    assert "history: none recorded (the order was placed before" in ok(env, "orders", "status", str(legacy))
     older = run(env, "orders", "history", str(legacy))
     assert older.returncode == 1
     assert (
