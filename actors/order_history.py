@@ -242,6 +242,8 @@ class Projected:
     #: The order's events not applied yet, and the age of the oldest of them.
     lag_events: int
     lag_seconds: float | None
+    #: Whether the projection's table exists (a projector creates it when it first runs).
+    built: bool = True
 
 
 def projection_built(conn: psycopg.Connection[Any]) -> bool:
@@ -252,7 +254,8 @@ def projection_built(conn: psycopg.Connection[Any]) -> bool:
 
 def projected(conn: psycopg.Connection[Any], order_id: uuid.UUID) -> Projected:
     """The order's summary from the projection (``view=None`` if not there yet), with its lag."""
-    found = _read(conn, SUMMARY_TABLE, [order_id]) if projection_built(conn) else []
+    built = projection_built(conn)
+    found = _read(conn, SUMMARY_TABLE, [order_id]) if built else []
     view = found[0] if found else None
     lag = conn.execute(
         """SELECT count(*), extract(epoch FROM clock_timestamp() - min(recorded_at))
@@ -260,7 +263,7 @@ def projected(conn: psycopg.Connection[Any], order_id: uuid.UUID) -> Projected:
         (stream_id(order_id), view.version if view else 0),
     ).fetchone()
     assert lag is not None
-    return Projected(view, int(lag[0]), None if lag[1] is None else float(lag[1]))
+    return Projected(view, int(lag[0]), None if lag[1] is None else float(lag[1]), built)
 
 
 def as_of(conn: psycopg.Connection[Any], order_id: uuid.UUID, moment: datetime | None = None) -> OrderView | None:

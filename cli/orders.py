@@ -134,7 +134,6 @@ def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
             raise click.BadParameter(f"no order {order_id}", param_hint="ORDER_ID")
         rows = [sagas.get(conn, ORDER_SAGA.table, s) for s in sagas.of_key(conn, ORDER_SAGA.table, order_id)]
         projected = order_history.projected(conn, order_id)
-        built = order_history.projection_built(conn)
     found = {**_jsonable(attrs.asdict(order)), "sagas": [_jsonable(attrs.asdict(r)) for r in rows if r]}
     if as_json:
         history = _jsonable(attrs.asdict(projected.view)) if projected.view else None
@@ -149,11 +148,11 @@ def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
         if r is not None:
             error = f" - {r.last_error}" if r.last_error else ""
             click.echo(f"saga {r.saga_id}: {r.status} at {r.current_step}{error}")
-    _print_projected(projected, built)
+    _print_projected(projected)
 
 
-def _print_projected(projected: Projected, built: bool) -> None:
-    if not built:
+def _print_projected(projected: Projected) -> None:
+    if not projected.built:
         click.echo(
             "history: the order_summary projection has not run yet (the workers run it, or `estafeta projections run`)"
         )
