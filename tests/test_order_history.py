@@ -13,9 +13,9 @@ import pytest
 
 from actors import order_history
 from actors.order_events import STORE, PaymentCharged, stream_id
-from actors.order_history import OrderSummary, OrderView
-from actors.order_saga import ORDER_SAGA, reconcile
-from estafeta import Projector, Runtime, SagaTransition, Watchdog
+from actors.order_history import OrderSummary, OrderView, record_transition
+from actors.order_saga import ORDER_SAGA, OrderData, reconcile
+from estafeta import Projector, Runtime, SagaTransition, Watchdog, from_json
 from sql import event_store
 
 from .helpers import scalar
@@ -67,6 +67,11 @@ def summary(conn: psycopg.Connection[Any], projector: Projector, order_id: uuid.
     found = order_history.projected(conn, order_id)
     assert found.lag_events == 0 and found.view is not None
     return found.view
+
+
+def saga_data(conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> OrderData:
+    """The saga's data as its row stores it."""
+    return from_json(OrderData, saga(conn, saga_id).payload)
 
 
 def now(conn: psycopg.Connection[Any]) -> datetime:
@@ -290,3 +295,37 @@ def test_a_saga_failed_for_an_operator_then_resumed(
     view = summary(conn, projector, order_id)
     assert timeline(view) == ["placed", "paid", "reserved", "saga failed", "resumed", "confirmed", "notified"]
     assert (view.status, view.failure, view.failed_at) == ("confirmed", None, stopped.failed_at)
+
+
+def test_the_hook_sees_every_transition_with_its_cause(
+    runtime: Runtime, conn: psycopg.Connection[Any], courier: Courier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[SagaTransition] = []
+
+    def spy(tx: psycopg.Connection[Any], transition: SagaTransition) -> None:
+        seen.append(transition)
+        record_transition(tx, transition)
+
+    monkeypatch.setattr(ORDER_SAGA, "on_transition", spy)
+    seed(runtime, {"c1": 10_000}, {"s1": 1})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    courier.run()
+    assert [(t.event, t.previous_step, t.step, t.reply.ok if t.reply else None) for t in seen] == [
+        ("started", None, "charge_payment", None),
+        ("advanced", "charge_payment", "reserve_inventory", True),
+        ("compensating", "reserve_inventory", "charge_payment", False),
+        ("undone", "charge_payment", "place_order", True),
+        ("undone", "place_order", "notify_cancellation", True),
+        ("compensated", "notify_cancellation", "notify_cancellation", True),
+    ]
+    assert {(t.saga_id, t.key) for t in seen} == {(placed.saga_id, placed.order_id)}
+    assert seen[0].data == saga_data(conn, placed.saga_id)
+    assert seen[2].error is not None and seen[2].error.startswith("reserve_inventory: out of stock")
+    assert [t.previous_status for t in seen] == [
+        None,
+        "running",
+        "running",
+        "compensating",
+        "compensating",
+        "compensating",
+    ]
