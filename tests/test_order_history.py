@@ -16,6 +16,7 @@ from actors.order_events import STORE, PaymentCharged, stream_id
 from actors.order_history import OrderSummary, OrderView, record_transition
 from actors.order_saga import ORDER_SAGA, OrderData, reconcile
 from estafeta import Projector, Runtime, SagaTransition, Watchdog, from_json
+from estafeta._projection_ops import rebuild
 from sql import event_store
 
 from .helpers import scalar
@@ -329,3 +330,17 @@ def test_the_hook_sees_every_transition_with_its_cause(
         "compensating",
         "compensating",
     ]
+
+
+def test_a_rebuild_builds_the_same_summaries(
+    runtime: Runtime, conn: psycopg.Connection[Any], courier: Courier, projector: Projector, database_url: str
+) -> None:
+    seed(runtime, {"c1": 10_000, "c2": 1_000}, {"s1": 5})
+    ids = [place(runtime, "c1", "s1", 2, 3_000).order_id, place(runtime, "c2", "s1", 1, 3_000).order_id]
+    courier.run()
+    catch_up(conn, projector)
+    before = [order_history.projected(conn, order_id).view for order_id in ids]
+    rebuild(database_url, OrderSummary(), STORE)
+    after = [order_history.projected(conn, order_id).view for order_id in ids]
+    assert after == before and None not in after
+    assert [o.status for o in after if o] == ["confirmed", "cancelled"]
