@@ -19,7 +19,7 @@ import psycopg
 
 from estafeta import EstafetaError, Runtime, Saga, SagaState, SagaStep
 
-from . import ledger, orders, payments
+from . import ledger, order_history, orders, payments
 from .inventory import ReleaseStock, ReserveStock
 from .notifications import NotifyCustomer
 from .orders import CancelOrder, ConfirmOrder
@@ -75,6 +75,8 @@ ORDER_SAGA = Saga(
         SagaStep("notify_customer", action=_notify("confirmed"), retriable=True),
     ],
     after_compensation=[SagaStep("notify_cancellation", action=_notify("cancelled"))],
+    # Each transition appends the order's history (actors/order_events.py) in its own transaction.
+    on_transition=order_history.record_transition,
 )
 
 
@@ -176,12 +178,14 @@ def reconcile(
     reserved; every compensated one cancelled, with nothing charged or reserved. The
     accounts are also replayed from the ledger's events: their balances plus the charged
     payments must equal what was seeded, each must equal its ``payments.accounts`` row, and
-    what the ledger charged each order must be what ``payments.payments`` says.
+    what the ledger charged each order must be what ``payments.payments`` says; and the
+    history of each must hold each of its facts exactly once.
     """
     ids = list(order_ids)
     with runtime.database("orders").connection() as conn:
         placed = {r[0]: r[1:] for r in conn.execute(_ORDERS, (ids,)).fetchall()}
         outcome = dict(conn.execute(_SAGA_STATUS, (ids,)).fetchall())
+        history = order_history.disagreements(conn, outcome)
     with runtime.database("payments").connection() as conn:
         money = conn.execute(_MONEY, {"c": list(balances)}).fetchone()
         charged = {r[0]: r[1] for r in conn.execute(_CHARGED, (ids,)).fetchall()}
@@ -190,7 +194,7 @@ def reconcile(
     with runtime.database("inventory").connection() as conn:
         units = conn.execute(_UNITS, {"s": list(stock)}).fetchone()
         reserved = {r[0]: r[1] for r in conn.execute(_RESERVED, (ids,)).fetchall()}
-    mismatches = _mismatches(ids, placed, outcome, charged, reserved)
+    mismatches = _mismatches(ids, placed, outcome, charged, reserved) + history
     mismatches += [
         f"order {o}: the ledger charged {audit.charged.get(o)}, payments.payments says {charged.get(o)}"
         for o in ids

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 import click
@@ -13,8 +14,12 @@ import click
 from estafeta import _tracing as tracing
 
 from .context import order_system
+from .projections import Moment
 
 if TYPE_CHECKING:
+    import psycopg
+
+    from actors.order_history import OrderView, Projected
     from actors.order_saga import PlacedOrder
     from estafeta import Runtime
 
@@ -109,9 +114,13 @@ def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: i
 @click.argument("order_id", type=click.UUID, required=False)
 @_json_option
 def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
-    """One order and its saga (ORDER_ID), or how many orders and sagas are in each status."""
+    """One order, its saga and its history (ORDER_ID), or how many orders and sagas are in each status.
+
+    The history comes from the order_summary projection, which may lag the events (the
+    output says by how much); `estafeta orders history ORDER_ID` reads the events themselves.
+    """
     runtime = _ready()
-    from actors import orders
+    from actors import order_history, orders
     from actors.order_saga import ORDER_SAGA
     from sql import sagas
 
@@ -124,9 +133,12 @@ def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
         if order is None:
             raise click.BadParameter(f"no order {order_id}", param_hint="ORDER_ID")
         rows = [sagas.get(conn, ORDER_SAGA.table, s) for s in sagas.of_key(conn, ORDER_SAGA.table, order_id)]
+        projected = order_history.projected(conn, order_id)
     found = {**_jsonable(attrs.asdict(order)), "sagas": [_jsonable(attrs.asdict(r)) for r in rows if r]}
     if as_json:
-        click.echo(json.dumps(found))
+        history = _jsonable(attrs.asdict(projected.view)) if projected.view else None
+        lag = {"events": projected.lag_events, "seconds": projected.lag_seconds}
+        click.echo(json.dumps({**found, "history": history, "projection_lag": lag}))
         return
     click.echo(
         f"order {order.order_id}: {order.status} ({order.customer_id}, {order.quantity} x {order.sku},"
@@ -136,6 +148,80 @@ def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
         if r is not None:
             error = f" - {r.last_error}" if r.last_error else ""
             click.echo(f"saga {r.saga_id}: {r.status} at {r.current_step}{error}")
+    _print_projected(projected)
+
+
+def _print_projected(projected: Projected) -> None:
+    if not projected.built:
+        click.echo(
+            "history: the order_summary projection has not run yet (the workers run it, or `estafeta projections run`)"
+        )
+        return
+    if projected.view is None and not projected.lag_events:
+        click.echo("history: none recorded (the order was placed before the orders service recorded events)")
+        return
+    behind = ""
+    if projected.lag_events:
+        age = f", the oldest {projected.lag_seconds:.3f} s old" if projected.lag_seconds is not None else ""
+        behind = f", {projected.lag_events} event(s) behind{age}; `orders history` reads the events themselves"
+    click.echo(f"history (order_summary projection{behind}):")
+    if projected.view is not None:
+        _print_timeline(projected.view)
+
+
+def _print_timeline(view: OrderView) -> None:
+    for entry in view.timeline:
+        detail = f"  {entry.detail}" if entry.detail else ""
+        click.echo(f"  {entry.at.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f} UTC  {entry.what:<15}{detail}".rstrip())
+
+
+@orders_group.command("history")
+@click.argument("order_id", type=click.UUID)
+@click.option(
+    "--as-of", "as_of", type=Moment(), help="The order as it was at this time (ISO 8601; UTC without offset)."
+)
+@_json_option
+def history_command(order_id: uuid.UUID, as_of: datetime | None, as_json: bool) -> None:
+    """An order's history from its events: its state and timeline now, or as it was at a time (--as-of).
+
+    It reads the orders service's event store (not the projection), so it is exact, and
+    works for any time, also before the order_summary projection existed.
+    """
+    runtime = _ready()
+    from actors import order_history
+
+    with runtime.database("orders").connection() as conn:
+        view = order_history.as_of(conn, order_id, as_of)
+        if view is None:
+            _no_history(conn, order_id, as_of)
+    if as_json:
+        click.echo(json.dumps({"as_of": as_of.isoformat() if as_of else None, **_jsonable(attrs.asdict(view))}))
+        return
+    when = f" as of {as_of.isoformat()}" if as_of else ""
+    what = f"{view.customer_id}, {view.quantity} x {view.sku}, {view.amount_cents} cents"
+    if view.placed_at is None:
+        what = "placed before its history was recorded"
+    reason = f": {view.cancel_reason}" if view.cancel_reason else ""
+    click.echo(f"order {view.order_id}{when}: {view.status}{reason} ({what})")
+    if view.failure:
+        click.echo(f"saga stopped for an operator: {view.failure}")
+    _print_timeline(view)
+
+
+def _no_history(conn: psycopg.Connection[Any], order_id: uuid.UUID, as_of: datetime | None) -> NoReturn:
+    """Say why an order has no history to show (at that time): unknown, recorded later, or never recorded."""
+    from actors import order_history, orders
+
+    first = order_history.first_recorded(conn, order_id)
+    if first is not None and as_of is not None:
+        raise click.ClickException(
+            f"order {order_id} was not placed yet at {as_of.isoformat()} (placed {first.isoformat()})"
+        )
+    if orders.get_order(conn, order_id) is None:
+        raise click.BadParameter(f"no order {order_id}", param_hint="ORDER_ID")
+    raise click.ClickException(
+        f"order {order_id} has no recorded history: it was placed before the orders service recorded events"
+    )
 
 
 def _print_counts(counts: dict[str, dict[str, int]], as_json: bool) -> None:

@@ -155,7 +155,9 @@ def _rebuild_with_bar(dsn: str, projection: Projection, store: EventStore, batch
         return rebuild(dsn, projection, store, batch_size=batch_size, progress=progress)
 
 
-class _Moment(click.ParamType):  # type: ignore[type-arg]
+class Moment(click.ParamType):  # type: ignore[type-arg]
+    """An ISO 8601 time (UTC when it has no offset); anything else is a one-line usage error."""
+
     name = "TIME"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
@@ -174,7 +176,7 @@ def events_group() -> None:
 @events_group.command("show")
 @click.argument("stream_id")
 @click.option("--service", "service_name", help="The service whose store holds it (default: the only one).")
-@click.option("--as-of", "as_of", type=_Moment(), help="As it was at this time (ISO 8601; UTC when no offset).")
+@click.option("--as-of", "as_of", type=Moment(), help="As it was at this time (ISO 8601; UTC when no offset).")
 @click.option("--version", type=click.IntRange(min=1), help="As it was after this many events.")
 @_json_option
 def show_command(

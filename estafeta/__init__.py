@@ -46,7 +46,7 @@ from ._projector_run import run_projectors
 from ._redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
 from ._relaying import build_relay
 from ._runtime import Runtime
-from ._saga import Saga
+from ._saga import Saga, SagaTransition
 from ._saga_model import SagaError, SagaNotFound, SagaState, SagaStep
 from ._settings import Settings
 from ._step_events import StepEvents
@@ -104,6 +104,7 @@ __all__ = [
     "SagaNotFound",
     "SagaState",
     "SagaStep",
+    "SagaTransition",
     "Service",
     "Settings",
     "SettingsError",

@@ -18,7 +18,11 @@ Guarantees:
   sent again and, once its attempts are spent, is treated as failed — and compensated
   itself too, since it may have taken effect;
 - a compensation that keeps failing leaves the saga ``failed`` with ``last_error``, for an
-  operator (:meth:`Saga.resume` retries it once the cause is fixed).
+  operator (:meth:`Saga.resume` retries it once the cause is fixed);
+- an ``on_transition`` hook sees every transition in the transaction that makes it (the
+  reply's, the start's, the watchdog's or the operator's), so what it writes there (events,
+  a read model) commits with the transition, once: a duplicate or stale reply makes no
+  transition and calls no hook, and a hook that raises rolls the transition back.
 
 Steps marked ``retriable`` come after the point of no return (the seeds' pivot): they are
 never compensated, and failing them fails the saga for an operator instead.
@@ -37,7 +41,7 @@ from __future__ import annotations
 import logging
 import typing
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +85,38 @@ TRANSITIONS = Counter("estafeta_saga_transitions", "Saga transitions by status e
 COMPENSATIONS = Counter("estafeta_saga_compensation", "Compensating steps done, by saga and step", ["saga", "step"])
 
 
+@attrs.frozen
+class SagaTransition:
+    """One transition of a saga, as its ``on_transition`` hook sees it (every entry of its log is one)."""
+
+    saga_id: uuid.UUID
+    #: The saga's key (the value of its data's key field: an order id).
+    key: Any
+    #: The saga's data (an instance of its data class); ``None`` if its payload no longer decodes.
+    data: Any
+    #: What happened, as the saga's log names it: ``started``, ``advanced``, ``completed``,
+    #: ``compensating``, ``undone``, ``compensated``, ``failed``, ``resent`` or ``resumed``.
+    event: str
+    #: The status and step before the transition (``None`` for ``started``): the step whose
+    #: answer (or absence of answer) moved the saga.
+    previous_status: str | None
+    previous_step: str | None
+    #: The status entered, and the step the saga waits on (or ended at) now.
+    status: str
+    step: str
+    #: The log entry's detail.
+    detail: str | None
+    #: The saga's ``last_error`` after the transition: why it compensates, or failed.
+    error: str | None
+    #: The participant's reply that made the transition; ``None`` when a start, the watchdog
+    #: (a deadline) or an operator (resume, abort) did.
+    reply: Reply | None = None
+
+
+#: ``on_transition(conn, transition)``: called in the transaction of each saga transition.
+TransitionHook = Callable[[psycopg.Connection[Any], SagaTransition], None]
+
+
 class Saga:
     """A saga kind: its steps, its data class and its table in ``service``'s schema.
 
@@ -88,6 +124,14 @@ class Saga:
     ``service``. The table ``<service>.saga_<name>`` (with the key column ``key``) and its
     ``_log`` are created by the service's migrations (:meth:`migration`, after the
     service's own). Its commands are routed through the service's app.
+
+    ``on_transition(conn, transition)``, if given, is called with a :class:`SagaTransition`
+    on ``conn``, inside the transaction of each transition (every entry of the saga's log),
+    after the saga row moved and before its next command is written: what it writes
+    commits with the transition or not at all, and an exception rolls the transition back
+    (a reply is then retried). It must only touch the saga service's own database. (The
+    watchdog's failing of a saga it cannot move as declared bypasses the saga's code,
+    this hook included: the definition may be what is broken.)
     """
 
     def __init__(
@@ -99,8 +143,11 @@ class Saga:
         key: str,
         steps: Sequence[SagaStep],
         after_compensation: Sequence[SagaStep] = (),
+        on_transition: TransitionHook | None = None,
     ) -> None:
         self.name = name
+        #: Called as ``on_transition(conn, transition)`` in the transaction of every transition.
+        self.on_transition = on_transition
         #: The owning service's name (its schema holds the saga's table, its outbox the commands).
         self.service = service.name
         self.owner = service
@@ -172,7 +219,7 @@ class Saga:
             return saga_id
         row = store.lock(conn, self.table, saga_id)
         assert row is not None
-        self._log(conn, row, "started", f"waiting for {first.name}")
+        self._record(conn, None, row, "started", f"waiting for {first.name}")
         TRANSITIONS.labels(self.name, "running").inc()
         self._send(conn, row, traceparent=traceparent)
         return saga_id
@@ -206,18 +253,19 @@ class Saga:
         if context["direction"] == ACTION:
             if reply.ok:
                 try:
-                    self._action_done(ctx.conn, row, reply.result, traceparent)
+                    self._action_done(ctx.conn, row, reply, traceparent)
                 except SagaStuck as exc:  # its choice of the next step is not a step: for an operator
-                    self._give_up(ctx.conn, row, f"{row.current_step}: {exc}")
+                    self._give_up(ctx.conn, row, f"{row.current_step}: {exc}", reply=reply)
             else:
                 # An earlier send of a refused command may still take effect (it waits in a
                 # retry backoff): then the refused step is compensated too.
                 again = row.attempts > 1 or store.sends(ctx.conn, self.table, row.saga_id, row.current_step) > 1
-                self._step_failed(ctx.conn, row, f"{row.current_step}: {reply.error}", include_current=again)
+                reason = f"{row.current_step}: {reply.error}"
+                self._step_failed(ctx.conn, row, reason, include_current=again, reply=reply)
         elif reply.ok:
-            self._compensation_done(ctx.conn, row, traceparent)
+            self._compensation_done(ctx.conn, row, reply, traceparent)
         else:
-            self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}")
+            self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}", reply=reply)
 
     def awaits(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
         """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context."""
@@ -234,8 +282,8 @@ class Saga:
 
     # -- transitions ----------------------------------------------------------------------
 
-    def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, result: Any, tp: str | None) -> None:
-        results = {**row.results, row.current_step: result}
+    def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, reply: Reply, tp: str | None) -> None:
+        results = {**row.results, row.current_step: reply.result}
         current = self._step(row.current_step)
         state = (
             self._state(attrs.evolve(row, results=results)) if current.then else SagaState(row.saga_id, None, results)
@@ -245,9 +293,9 @@ class Saga:
             raise SagaStuck(f"step {current.name} chose {step.name!r}, which this saga has done already")
         if step is not None:
             detail = f"{current.name} done" + (f", {step.name} chosen" if current.then else "")
-            self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp)
+            self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp, reply=reply)
         else:
-            self._move(conn, row, "completed", row.current_step, "completed", None, results=results)
+            self._move(conn, row, "completed", row.current_step, "completed", None, results=results, reply=reply)
 
     def _done_before(self, row: SagaRow, current: SagaStep) -> list[SagaStep]:
         """The steps done before the current one, in order: the path taken (by index when nothing branches)."""
@@ -255,33 +303,38 @@ class Saga:
             return taken(self.steps, self._state(row))
         return list(self.steps[: self.steps.index(current)])
 
-    def _step_failed(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str, *, include_current: bool) -> None:
+    def _step_failed(
+        self,
+        conn: psycopg.Connection[Any],
+        row: SagaRow,
+        reason: str,
+        *,
+        include_current: bool,
+        reply: Reply | None = None,
+    ) -> None:
         current = self._step(row.current_step)
         if current.retriable:
-            self._give_up(conn, row, reason)
+            self._give_up(conn, row, reason, reply=reply)
             return
         done = self._done_before(row, current) + ([current] if include_current else [])
         plan = [s.name for s in reversed(done) if s.compensation] + [s.name for s in self.after_compensation]
-        if not plan:
-            self._move(
-                conn, row, "compensated", row.current_step, "compensated", reason, compensations=[], error=reason
-            )
-            return
-        self._move(conn, row, "compensating", plan[0], "compensating", reason, compensations=plan, error=reason)
+        status, step_name = ("compensating", plan[0]) if plan else ("compensated", row.current_step)
+        self._move(conn, row, status, step_name, status, reason, compensations=plan, error=reason, reply=reply)
 
-    def _compensation_done(self, conn: psycopg.Connection[Any], row: SagaRow, tp: str | None) -> None:
+    def _compensation_done(self, conn: psycopg.Connection[Any], row: SagaRow, reply: Reply, tp: str | None) -> None:
         if self._by_name[row.current_step] not in self.after_compensation:
             COMPENSATIONS.labels(self.name, row.current_step).inc()
         plan = row.compensations or []
         index = plan.index(row.current_step)
+        detail = f"{row.current_step} undone"
         if index + 1 < len(plan):
-            self._move(conn, row, "compensating", plan[index + 1], "undone", f"{row.current_step} undone", tp=tp)
+            self._move(conn, row, "compensating", plan[index + 1], "undone", detail, tp=tp, reply=reply)
         else:
-            self._move(conn, row, "compensated", row.current_step, "compensated", f"{row.current_step} undone")
+            self._move(conn, row, "compensated", row.current_step, "compensated", detail, reply=reply)
 
-    def _give_up(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str) -> None:
+    def _give_up(self, conn: psycopg.Connection[Any], row: SagaRow, reason: str, *, reply: Reply | None = None) -> None:
         logger.warning("saga %s %s failed: %s", self.name, row.saga_id, reason)
-        self._move(conn, row, "failed", row.current_step, "failed", reason, error=reason)
+        self._move(conn, row, "failed", row.current_step, "failed", reason, error=reason, reply=reply)
 
     def _move(
         self,
@@ -296,6 +349,7 @@ class Saga:
         compensations: list[str] | None = None,
         error: str | None = None,
         tp: str | None = None,
+        reply: Reply | None = None,
     ) -> None:
         moved = store.transition(
             conn,
@@ -310,6 +364,7 @@ class Saga:
             event=event,
             detail=detail,
         )
+        self._record(conn, row, moved, event, detail, reply, logged=True)
         TRANSITIONS.labels(self.name, status).inc()
         if moved.live:
             self._send(conn, moved, traceparent=tp)
@@ -401,7 +456,7 @@ class Saga:
             wait = self._wait(current, row.step_timeout, row.attempts + 1)
             resent = store.record_resend(conn, self.table, row, wait=wait)
             detail = f"no reply by the deadline: attempt {resent.attempts} of {current.max_attempts}"
-            self._log(conn, resent, "resent", detail)
+            self._record(conn, row, resent, "resent", detail)
             self._send(conn, resent, previous=self._message_id(row, direction))
             return "resent"
         why = f"no reply after {row.attempts} attempt(s)"
@@ -468,17 +523,52 @@ class Saga:
         # Each re-send waits longer: a slow participant gets more time, not more copies.
         return (current.timeout or default) * attempts
 
-    def _log(self, conn: psycopg.Connection[Any], row: SagaRow, event: str, detail: str | None) -> None:
-        store.log(
-            conn,
-            self.table,
-            saga_id=row.saga_id,
-            version=row.version,
-            status=row.status,
-            step=row.current_step,
+    def _record(
+        self,
+        conn: psycopg.Connection[Any],
+        before: SagaRow | None,
+        after: SagaRow,
+        event: str,
+        detail: str | None,
+        reply: Reply | None = None,
+        *,
+        logged: bool = False,
+    ) -> None:
+        """Log a transition (unless ``logged``: the store's transition did), and hand it to the ``on_transition`` hook.
+
+        Both in the transition's transaction.
+        """
+        if not logged:
+            store.log(
+                conn,
+                self.table,
+                saga_id=after.saga_id,
+                version=after.version,
+                status=after.status,
+                step=after.current_step,
+                event=event,
+                detail=detail,
+            )
+        if self.on_transition is None:
+            return
+        try:
+            data: Any = self._state(after).data
+        except SagaStuck:
+            data = None  # the payload no longer decodes: the saga is stuck, its hook still learns of it
+        transition = SagaTransition(
+            saga_id=after.saga_id,
+            key=after.key,
+            data=data,
             event=event,
+            previous_status=None if before is None else before.status,
+            previous_step=None if before is None else before.current_step,
+            status=after.status,
+            step=after.current_step,
             detail=detail,
+            error=after.last_error,
+            reply=reply,
         )
+        self.on_transition(conn, transition)
 
 
 def _key_type(data: type, key: str) -> str:
