@@ -315,7 +315,7 @@ class Factory(InfrastructureFactory[EstafetaTrackingRecorder]):
             schema,
             pool_size=self._number(self.POOL_SIZE, "5"),
             uuid_ids=id_type == "uuid",
-            mark_timeout=self._number(self.NOTIFICATION_TIMEOUT, "10"),
+            mark_timeout=self._seconds(self.NOTIFICATION_TIMEOUT, "10"),
         )
         if strtobool(self.env.get(self.CREATE_TABLE, "yes")):
             self.store.migrate()
@@ -331,6 +331,16 @@ class Factory(InfrastructureFactory[EstafetaTrackingRecorder]):
         if not value.isdigit() or int(value) < 1:
             raise es.InfrastructureFactoryError(f"{key}={value!r}: expected a whole number >= 1")
         return int(value)
+
+    def _seconds(self, key: str, default: str) -> float:
+        value = self.env.get(key, default)
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0:
+            raise es.InfrastructureFactoryError(f"{key}={value!r}: expected a number of seconds >= 0")
+        return seconds
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
         """Events in the event store, or (``purpose="snapshots"``) the library's snapshots."""
