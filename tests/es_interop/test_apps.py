@@ -22,7 +22,7 @@ from estafeta import Outcome, Runtime, deliver, running  # noqa: E402
 from tests.helpers import message_for, scalar, wait_until  # noqa: E402
 
 from . import bank  # noqa: E402
-from .bank import BankAccounts, DepositTotals, InsufficientFunds  # noqa: E402
+from .bank import BankAccount, BankAccounts, DepositTotals, InsufficientFunds  # noqa: E402
 
 
 @pytest.fixture
@@ -81,7 +81,8 @@ def test_two_writers_of_one_account_conflict(database_url: str, schema: str) -> 
     first, second = BankAccounts(env=env(database_url, schema)), BankAccounts(env=env(database_url, schema))
     try:
         account_id = first.open_account("bo")
-        mine, theirs = first.repository.get(account_id), second.repository.get(account_id)
+        mine: BankAccount = first.repository.get(account_id)
+        theirs: BankAccount = second.repository.get(account_id)
         mine.deposit(5)
         first.save(mine)
         theirs.deposit(7)
@@ -146,7 +147,7 @@ def test_events_and_an_outbox_row_commit_together(esbank: BankAccounts, database
 
 def test_a_conflict_in_the_callers_transaction_leaves_it_usable(esbank: BankAccounts, database_url: str) -> None:
     account_id = esbank.open_account("ed")
-    stale = esbank.repository.get(account_id)
+    stale: BankAccount = esbank.repository.get(account_id)
     esbank.deposit(account_id, 1)  # someone else moves the account on
     stale.deposit(2)
     with psycopg.connect(database_url) as conn:

@@ -4,11 +4,17 @@ Each class subclasses one of the library's cases (``eventsourcing.tests.persiste
 implements only the hook it requires, ``create_recorder``, with the recorder
 ``estafeta.eventsourcing.Factory`` builds on a fresh schema. ``test_insert_subscribe`` runs
 the case's ``optional_test_insert_subscribe``, as the library's own PostgreSQL tests do.
+``InfrastructureFactoryTestCase`` runs too, with the hooks it requires (the expected classes).
 """
 
 from __future__ import annotations
 
-from tests.es_interop.support import FreshSchema, require_eventsourcing
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.es_interop.support import FreshSchema, drop_schema, require_eventsourcing
 
 require_eventsourcing()
 
@@ -19,6 +25,15 @@ from eventsourcing.persistence import (  # noqa: E402
     TrackingRecorder,
 )
 from eventsourcing.tests import persistence as peer  # noqa: E402
+from eventsourcing.utils import Environment  # noqa: E402
+
+from estafeta.eventsourcing import (  # noqa: E402
+    EstafetaAggregateRecorder,
+    EstafetaApplicationRecorder,
+    EstafetaProcessRecorder,
+    EstafetaTrackingRecorder,
+    Factory,
+)
 
 
 class TestAggregateRecorder(FreshSchema, peer.AggregateRecorderTestCase):
@@ -64,3 +79,44 @@ class TestNonInterleavingNotificationIDs(FreshSchema, peer.NonInterleavingNotifi
 
     def create_recorder(self) -> ApplicationRecorder:
         return self.factory.application_recorder()  # type: ignore[no-any-return]
+
+
+class SubclassedTrackingRecorder(EstafetaTrackingRecorder):
+    """A tracking recorder class chosen by argument or by TRACKING_RECORDER_TOPIC."""
+
+
+class TestInfrastructureFactory(peer.InfrastructureFactoryTestCase[Factory]):
+    """The library's factory case: PERSISTENCE_MODULE=estafeta.eventsourcing, mappers, recorder classes."""
+
+    @pytest.fixture(autouse=True)
+    def _environment(self, database_url: str) -> Iterator[None]:
+        schema = f"es_{uuid.uuid4().hex[:12]}"
+        self.env = Environment(
+            env={
+                "PERSISTENCE_MODULE": "estafeta.eventsourcing",
+                "ESTAFETA_DATABASE_URL": database_url,
+                "ESTAFETA_SCHEMA": schema,
+            }
+        )
+        try:
+            yield
+        finally:
+            drop_schema(database_url, schema)
+
+    def expected_factory_class(self) -> type[Factory]:
+        return Factory
+
+    def expected_aggregate_recorder_class(self) -> type[AggregateRecorder]:
+        return EstafetaAggregateRecorder
+
+    def expected_application_recorder_class(self) -> type[ApplicationRecorder]:
+        return EstafetaApplicationRecorder
+
+    def expected_tracking_recorder_class(self) -> type[TrackingRecorder]:
+        return EstafetaTrackingRecorder
+
+    def tracking_recorder_subclass(self) -> type[TrackingRecorder]:
+        return SubclassedTrackingRecorder
+
+    def expected_process_recorder_class(self) -> type[ProcessRecorder]:
+        return EstafetaProcessRecorder
