@@ -135,9 +135,9 @@ def state_to_data(state: bytes) -> Any:
     """The ``events.data`` value for a stored event's state.
 
     A state that is a JSON object jsonb can hold exactly (the library's JSON transcoder
-    writes those) is stored as that object, so SQL, projections and ``estafeta events
-    show`` can read it; anything else (compressed or encrypted states) as a JSON string
-    holding the base64 of the bytes. The two never mix up: states are objects or strings.
+    writes those) is stored as that object, so SQL can read it; anything else (compressed
+    or encrypted states) as a JSON string holding the base64 of the bytes. The two never
+    mix up: states are objects or strings.
     """
     try:
         value = json.loads(state.decode("utf-8"), parse_constant=_refuse_constant)
