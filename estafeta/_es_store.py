@@ -105,6 +105,12 @@ class Store:
         with translated(self.schema), conn.transaction():
             yield conn
 
+    @property
+    def last_mark(self) -> int:
+        """The last high-water mark found (0 before the first): the log is final up to it."""
+        with self._mark_lock:
+            return self._mark
+
     def high_water_mark(self, conn: psycopg.Connection[Any]) -> int:
         """A position up to which the log is final (never less than one returned before).
 

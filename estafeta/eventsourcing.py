@@ -179,14 +179,23 @@ class EstafetaApplicationRecorder(EstafetaAggregateRecorder, ApplicationRecorder
         *,
         inclusive_of_start: bool = True,
     ) -> Sequence[Notification]:
-        """Up to ``limit`` notifications from ``start`` to ``stop``, never past the high-water mark."""
+        """Up to ``limit`` notifications from ``start`` to ``stop``, never past the high-water mark.
+
+        A page that fills up below the last mark found needs no new one (a catch-up read
+        waits once); otherwise the mark is brought up to date first.
+        """
         first = 1 if start is None else start if inclusive_of_start else start + 1
+        schema = self.store.schema
         with self.store.reading() as conn:
-            mark = self.store.high_water_mark(conn)
-            up_to = mark if stop is None else min(stop, mark)
+            mark = self.store.last_mark
             found = rows.select_notifications(
-                conn, self.store.schema, first=first, up_to=up_to, limit=limit, topics=topics
+                conn, schema, first=first, up_to=_below(mark, stop), limit=limit, topics=topics
             )
+            if len(found) < limit and (stop is None or stop > mark):
+                mark = self.store.high_water_mark(conn)
+                found = rows.select_notifications(
+                    conn, schema, first=first, up_to=_below(mark, stop), limit=limit, topics=topics
+                )
         return [
             Notification(
                 id=r.position,
@@ -273,6 +282,10 @@ class EstafetaProcessRecorder(EstafetaTrackingRecorder, EstafetaApplicationRecor
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
         """Record ``stored_events`` and ``kwargs['tracking']`` together; their notification ids."""
         return self._record(stored_events, conn=kwargs.get("conn"), tracking=kwargs.get("tracking")) or None
+
+
+def _below(mark: int, stop: int | None) -> int:
+    return mark if stop is None else min(stop, mark)
 
 
 def _track(store: Store, conn: psycopg.Connection[Any], tracking: Tracking) -> None:
