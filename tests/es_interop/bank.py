@@ -52,8 +52,6 @@ class BankAccount(Aggregate):
 class BankAccounts(Application[uuid.UUID]):
     """Commands on accounts; ``**kwargs`` go to the recorder (``conn=`` joins a transaction)."""
 
-    snapshotting_intervals = {BankAccount: 5}
-
     def open_account(self, owner: str, **kwargs: Any) -> uuid.UUID:
         account = BankAccount(owner)
         self.save(account, **kwargs)
@@ -72,6 +70,12 @@ class BankAccounts(Application[uuid.UUID]):
     def balance(self, account_id: uuid.UUID) -> int:
         account: BankAccount = self.repository.get(account_id)
         return account.balance
+
+
+class SnapshottingBankAccounts(BankAccounts):
+    """The same, with a snapshot every 5 versions (taken by the library after each save, from what is committed)."""
+
+    snapshotting_intervals = {BankAccount: 5}
 
 
 class Totals(Aggregate):

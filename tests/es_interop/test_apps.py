@@ -22,7 +22,13 @@ from estafeta import Outcome, Runtime, deliver, running  # noqa: E402
 from tests.helpers import message_for, scalar, wait_until  # noqa: E402
 
 from . import bank  # noqa: E402
-from .bank import BankAccount, BankAccounts, DepositTotals, InsufficientFunds  # noqa: E402
+from .bank import (  # noqa: E402
+    BankAccount,
+    BankAccounts,
+    DepositTotals,
+    InsufficientFunds,
+    SnapshottingBankAccounts,
+)
 
 
 @pytest.fixture
@@ -43,7 +49,7 @@ def env(dsn: str, schema: str, **extra: str) -> dict[str, str]:
 
 
 def test_an_app_keeps_its_events_as_estafeta_events(database_url: str, schema: str) -> None:
-    accounts = BankAccounts(env=env(database_url, schema, IS_SNAPSHOTTING_ENABLED="yes"))
+    accounts = SnapshottingBankAccounts(env=env(database_url, schema))
     try:
         account = accounts.open_account("ann")
         for amount in (10, 20, 30, 40, 50, 60):
@@ -55,7 +61,7 @@ def test_an_app_keeps_its_events_as_estafeta_events(database_url: str, schema: s
     finally:
         accounts.close()
 
-    again = BankAccounts(env=env(database_url, schema, IS_SNAPSHOTTING_ENABLED="yes"))  # another process, say
+    again = SnapshottingBankAccounts(env=env(database_url, schema))  # another process, say
     try:
         assert again.balance(account) == 110
         assert [n.originator_version for n in again.notification_log.select(start=1, limit=10)] == list(range(1, 9))
