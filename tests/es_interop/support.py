@@ -6,7 +6,7 @@ import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import pytest
@@ -39,6 +39,8 @@ class FreshSchema:
 
     #: Connections: the library's concurrency cases run 10 writers and 2 readers at once.
     pool_size = 12
+    #: More of the factory's environment (``ESTAFETA_ORIGINATOR_ID_TYPE``...).
+    extra_env: ClassVar[dict[str, str]] = {}
     factory: Any
     schema: str
 
@@ -51,6 +53,7 @@ class FreshSchema:
             "ESTAFETA_DATABASE_URL": database_url,
             "ESTAFETA_SCHEMA": self.schema,
             "ESTAFETA_POOL_SIZE": str(self.pool_size),
+            **self.extra_env,
         }
         self.factory = Factory(env)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -58,6 +59,15 @@ class TestApplicationRecorder(FreshSchema, peer.ApplicationRecorderTestCase[Appl
 
     def test_insert_subscribe(self) -> None:
         self.optional_test_insert_subscribe()
+
+
+class TestApplicationRecorderWithTextIds(TestApplicationRecorder):
+    """The same with text originator ids (``ESTAFETA_ORIGINATOR_ID_TYPE=text``), as the library tests its own."""
+
+    extra_env: ClassVar[dict[str, str]] = {"ESTAFETA_ORIGINATOR_ID_TYPE": "text"}
+
+    def new_originator_id(self) -> str:
+        return str(uuid.uuid4())  # read back as this str, not as a UUID
 
 
 class TestTrackingRecorder(FreshSchema, peer.TrackingRecorderTestCase):
