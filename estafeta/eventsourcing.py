@@ -124,7 +124,7 @@ class EstafetaAggregateRecorder(AggregateRecorder):
                 desc=desc,
                 limit=limit,
             )
-        return [StoredEvent(originator_id, r.version - 1, r.type, data_to_state(str(r.data))) for r in found]
+        return [StoredEvent(originator_id, r.version - 1, r.type, data_to_state(r.data)) for r in found]
 
 
 class EstafetaSnapshotRecorder(AggregateRecorder):
@@ -152,10 +152,10 @@ class EstafetaSnapshotRecorder(AggregateRecorder):
     ) -> Sequence[StoredEvent]:
         """The originator's snapshots with ``gt < originator_version <= lte``, in version order."""
         with self.store.reading() as conn:
-            found = rows.select_stream(
-                conn, self.store.schema, str(originator_id), after=gt, up_to=lte, desc=desc, limit=limit, snapshots=True
+            found = rows.select_snapshots(
+                conn, self.store.schema, str(originator_id), after=gt, up_to=lte, desc=desc, limit=limit
             )
-        return [StoredEvent(originator_id, r.version, r.type, bytes(r.data)) for r in found]  # type: ignore[arg-type]
+        return [StoredEvent(originator_id, version, topic, state) for _, version, topic, state in found]
 
 
 class EstafetaApplicationRecorder(EstafetaAggregateRecorder, ApplicationRecorder):
@@ -202,7 +202,7 @@ class EstafetaApplicationRecorder(EstafetaAggregateRecorder, ApplicationRecorder
                 originator_id=self.store.originator_id(r.stream_id),
                 originator_version=r.version - 1,
                 topic=r.type,
-                state=data_to_state(str(r.data)),
+                state=data_to_state(r.data),
             )
             for r in found
         ]
@@ -330,8 +330,15 @@ class Factory(InfrastructureFactory[EstafetaTrackingRecorder]):
             uuid_ids=id_type == "uuid",
             mark_timeout=self._seconds(self.NOTIFICATION_TIMEOUT, "10"),
         )
-        if strtobool(self.env.get(self.CREATE_TABLE, "yes")):
+        # Tables are created with the first recorder: the library also builds factories only
+        # for their mappers (a follower's, for each leader), which must not touch the database.
+        self._create_tables = strtobool(self.env.get(self.CREATE_TABLE, "yes"))
+
+    def _ready(self) -> Store:
+        if self._create_tables:
             self.store.migrate()
+            self._create_tables = False
+        return self.store
 
     def _required(self, key: str) -> str:
         value = self.env.get(key)
@@ -358,14 +365,14 @@ class Factory(InfrastructureFactory[EstafetaTrackingRecorder]):
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
         """Events in the event store, or (``purpose="snapshots"``) the library's snapshots."""
         if purpose == "snapshots":
-            return EstafetaSnapshotRecorder(self.store)
-        return EstafetaAggregateRecorder(self.store)
+            return EstafetaSnapshotRecorder(self._ready())
+        return EstafetaAggregateRecorder(self._ready())
 
     def application_recorder(self) -> ApplicationRecorder:
         """An :class:`EstafetaApplicationRecorder` (or ``APPLICATION_RECORDER_TOPIC``'s class)."""
         topic = self.env.get(self.APPLICATION_RECORDER_TOPIC)
         cls: type[EstafetaApplicationRecorder] = resolve_topic(topic) if topic else EstafetaApplicationRecorder
-        return cls(self.store)
+        return cls(self._ready())
 
     def tracking_recorder(
         self, tracking_recorder_class: type[EstafetaTrackingRecorder] | None = None
@@ -374,13 +381,13 @@ class Factory(InfrastructureFactory[EstafetaTrackingRecorder]):
         if tracking_recorder_class is None:
             topic = self.env.get(self.TRACKING_RECORDER_TOPIC)
             tracking_recorder_class = resolve_topic(topic) if topic else EstafetaTrackingRecorder
-        return tracking_recorder_class(self.store)
+        return tracking_recorder_class(self._ready())
 
     def process_recorder(self) -> ProcessRecorder:
         """An :class:`EstafetaProcessRecorder` (or ``PROCESS_RECORDER_TOPIC``'s class)."""
         topic = self.env.get(self.PROCESS_RECORDER_TOPIC)
         cls: type[EstafetaProcessRecorder] = resolve_topic(topic) if topic else EstafetaProcessRecorder
-        return cls(self.store)
+        return cls(self._ready())
 
     def close(self) -> None:
         """Close the connection pool."""

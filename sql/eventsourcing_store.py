@@ -41,12 +41,12 @@ class EventRow:
 
 @attrs.frozen
 class ReadRow:
-    """An event read back: ``data`` is the stored JSON as text (a snapshot's bytes); ``position`` 0 for stream reads."""
+    """An event read back: ``data`` is the stored JSON as text; ``position`` is 0 for stream reads."""
 
     stream_id: str
     version: int
     type: str
-    data: str | bytes
+    data: str
     position: int = 0
 
 
@@ -102,18 +102,36 @@ def select_stream(
     up_to: int | None,
     desc: bool,
     limit: int | None,
-    snapshots: bool = False,
 ) -> list[ReadRow]:
-    """A stream's events (or the library's snapshots) with ``after < version <= up_to``, in version order."""
-    kind = "snapshots" if snapshots else "stream"
-    name = f"select_{kind}_{'desc' if desc else 'asc'}"
-    params = {
+    """A stream's events with ``after < version <= up_to``, in version order (or the reverse)."""
+    name = f"select_stream_{'desc' if desc else 'asc'}"
+    params = _range(stream_id, after, up_to, limit)
+    return [ReadRow(*row) for row in conn.execute(_query(name, schema), params).fetchall()]
+
+
+def select_snapshots(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    originator_id: str,
+    *,
+    after: int | None,
+    up_to: int | None,
+    desc: bool,
+    limit: int | None,
+) -> list[tuple[str, int, str, bytes]]:
+    """The library's snapshots ``(originator_id, originator_version, topic, state)`` in version order."""
+    name = f"select_snapshots_{'desc' if desc else 'asc'}"
+    rows = conn.execute(_query(name, schema), _range(originator_id, after, up_to, limit)).fetchall()
+    return [(str(r[0]), int(r[1]), str(r[2]), bytes(r[3])) for r in rows]
+
+
+def _range(stream_id: str, after: int | None, up_to: int | None, limit: int | None) -> dict[str, Any]:
+    return {
         "stream_id": stream_id,
         "after": -_NO_LIMIT if after is None else after,
         "up_to": _NO_LIMIT if up_to is None else up_to,
         "limit": _NO_LIMIT if limit is None else limit,
     }
-    return [ReadRow(*row) for row in conn.execute(_query(name, schema), params).fetchall()]
 
 
 def select_notifications(
