@@ -97,3 +97,35 @@ def test_other_states_are_stored_as_base64_and_come_back_byte_for_byte(state: by
     data = state_to_data(state)
     assert isinstance(data, str)
     assert data_to_state(json.dumps(data)) == state
+
+
+def _positions_locks(dsn: str, schema: str) -> int:
+    """Sessions holding the adapter's positions lock of ``schema`` (see sql/eventsourcing.sql)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('estafeta.eventsourcing:' || %s, 0)",
+            (schema,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_the_positions_lock_is_released_when_an_insert_fails(
+    recorder: EstafetaApplicationRecorder, database_url: str
+) -> None:
+    from eventsourcing.persistence import IntegrityError
+
+    event = _event("once")
+    recorder.insert_events([event])
+    with pytest.raises(IntegrityError):
+        recorder.insert_events([_event("fine"), event])  # the duplicate fails the INSERT under the lock
+    assert _positions_locks(database_url, recorder.store.schema) == 0
+    with psycopg.connect(database_url) as conn:  # inside the caller's transaction, too
+        with pytest.raises(IntegrityError):
+            recorder.insert_events([event], conn=conn)
+        assert _positions_locks(database_url, recorder.store.schema) == 0
+        recorder.insert_events([_event("after")], conn=conn)  # the transaction is still usable
+    # another session is not kept waiting
+    with psycopg.connect(database_url) as other:
+        other.execute("SET lock_timeout = '2s'")
+        assert recorder.insert_events([_event("other")], conn=other)
