@@ -17,7 +17,9 @@ from typing import Any
 import attrs
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.domain import Aggregate, event
+from eventsourcing.projection import EventSourcedProjection
 from eventsourcing.system import ProcessApplication
+from eventsourcing.utils import get_topic
 
 from estafeta import App, BusinessFailure, Service, StepContext
 from estafeta.eventsourcing import use_eventsourcing
@@ -95,6 +97,25 @@ class Totals(Aggregate):
         self.deposited += amount
 
 
+def count_deposit(app: Application[uuid.UUID], deposited: Any, processing_event: ProcessingEvent[uuid.UUID]) -> None:
+    """Add a deposit to its account's ``Totals``, collected on the processing event (with its tracking)."""
+    try:
+        totals: Totals = app.repository.get(Totals.create_id(deposited.originator_id))
+    except AggregateNotFoundError:
+        totals = Totals(deposited.originator_id)
+    totals.add(deposited.amount)
+    processing_event.collect_events(totals)
+
+
+def deposited_into(app: Application[uuid.UUID], account_id: uuid.UUID) -> int:
+    """What ``app`` has counted into ``account_id``."""
+    try:
+        totals: Totals = app.repository.get(Totals.create_id(account_id))
+    except AggregateNotFoundError:
+        return 0
+    return totals.deposited
+
+
 class DepositTotals(ProcessApplication[uuid.UUID]):
     """Follows BankAccounts: each deposit adds to its account's ``Totals``, with its tracking, atomically."""
 
@@ -104,19 +125,24 @@ class DepositTotals(ProcessApplication[uuid.UUID]):
 
     @policy.register
     def _(self, domain_event: BankAccount.Deposited, processing_event: ProcessingEvent[uuid.UUID]) -> None:  # type: ignore[name-defined]
-        try:
-            totals: Totals = self.repository.get(Totals.create_id(domain_event.originator_id))
-        except AggregateNotFoundError:
-            totals = Totals(domain_event.originator_id)
-        totals.add(domain_event.amount)
-        processing_event.collect_events(totals)
+        count_deposit(self, domain_event, processing_event)
 
     def deposited(self, account_id: uuid.UUID) -> int:
-        try:
-            totals: Totals = self.repository.get(Totals.create_id(account_id))
-        except AggregateNotFoundError:
-            return 0
-        return totals.deposited
+        return deposited_into(self, account_id)
+
+
+class DepositLedger(EventSourcedProjection[uuid.UUID]):
+    """The same count as an event-sourced projection, fed by the library's projection runner (a subscription)."""
+
+    topics = (get_topic(BankAccount.Deposited),)  # type: ignore[attr-defined]
+
+    @singledispatchmethod
+    def policy(self, domain_event: Any, processing_event: ProcessingEvent[uuid.UUID]) -> None:
+        """Only deposits come (``topics``)."""
+        count_deposit(self, domain_event, processing_event)
+
+    def deposited(self, account_id: uuid.UUID) -> int:
+        return deposited_into(self, account_id)
 
 
 # --- the estafeta service that runs BankAccounts in its steps -------------------------------
