@@ -67,8 +67,8 @@ def use_eventsourcing(service: Service) -> None:
     ``estafeta migrate`` then creates them; set ``CREATE_TABLE=no`` in the application's
     environment to leave table creation to it.
     """
-    for name in MIGRATIONS[1:]:
-        service.use_builtin_migrations(name)
+    for name in MIGRATIONS:
+        service.use_builtin_migrations(name)  # _common is every service's already: added once
 
 
 class EstafetaAggregateRecorder(AggregateRecorder):
