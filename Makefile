@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,embedded,http]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,http,eventsourcing]'
 	touch $(STAMP)
 
 ## The main job: the order system end to end on an embedded PostgreSQL and the StubBroker.
@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks
 	$(BIN)/python -m bench.events
+	$(BIN)/python -m bench.es_adapter
 	$(BIN)/python -m bench.observe
 	$(BIN)/python -m bench.http
 

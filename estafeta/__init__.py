@@ -16,7 +16,9 @@ Declare services and their steps, assemble them into an :class:`App`, and bind i
 
 Importing this package (or any module under it) does nothing by itself: it reads no
 environment, builds no broker and declares no actor until :meth:`App.bind` is called.
-The names below are the public API; every module under ``estafeta`` is private.
+The names below are the public API; every module under ``estafeta`` is private but one,
+:mod:`estafeta.eventsourcing` (the ``eventsourcing`` library's persistence module, with the
+``eventsourcing`` extra), which this package never imports.
 """
 
 from __future__ import annotations
