@@ -31,7 +31,7 @@ from . import _observe as observe
 from . import _outbox as outbox
 from . import _step_tx as step_tx
 from ._errors import BusinessFailure, InvalidMessage, RoutingError
-from ._events import EventMetadata, EventStore
+from ._events import ConcurrencyConflict, EventMetadata, EventStore
 from ._locks import HeldLock, PostgresLocks
 from ._messages import from_json, to_json
 from ._runtime import Runtime
@@ -165,7 +165,13 @@ def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
         message = CurrentMessage.get_current_message()
         if message is None:
             raise RuntimeError(f"{spec.actor_name} ran without the CurrentMessage middleware")
-        deliver(spec, runtime, message)
+        try:
+            deliver(spec, runtime, message)
+        except ConcurrencyConflict as conflict:
+            # Expected under contention (two steps saved one stream): retried like any
+            # transient error, but a line in the log rather than Dramatiq's traceback.
+            logger.warning("%s: %s retried after a concurrency conflict: %s", spec.actor_name, message, conflict)
+            raise dramatiq.Retry(str(conflict)) from conflict
 
     body.__name__ = spec.name
     body.__qualname__ = spec.actor_name
