@@ -160,19 +160,55 @@ def _busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_by_process_group() -> dict[str, float]:
+    """CPU seconds so far of each group of processes on the machine (/proc/<pid>/stat, user + system)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    groups: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        groups[_group(comm, cmdline)] = groups.get(_group(comm, cmdline), 0.0) + cpu
+    return groups
+
+
+def _group(comm: str, cmdline: str) -> str:
+    if comm == "postgres":
+        return "PostgreSQL"
+    if comm.startswith("beam") or "rabbitmq" in cmdline:
+        return "RabbitMQ (Erlang)"
+    if comm.startswith("redis-server"):
+        return "Redis"
+    if "bin/dramatiq" in cmdline:
+        return "dramatiq worker processes"
+    if "bin/estafeta relay" in cmdline:
+        return "estafeta relay"
+    if "bench.sagas" in cmdline:
+        return "this process (placing; the stub's worker and relay)"
+    return "everything else"
+
+
 def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
     """Order sagas placed at once: sagas and step messages per second, latency, machine CPU per step."""
     plan = plan_orders(count, prefix=f"b{uuid.uuid4().hex[:6]}-", rng=random.Random(7))
     seed_services(runtime, plan.balances, plan.stock)
     with runtime.database("orders").connection() as conn:
         before = _inbox_rows(conn)
-    busy = _busy_seconds()
+    busy, by_group = _busy_seconds(), _cpu_by_process_group()
     with runtime.database("orders").transaction() as conn:
         for customer, sku, quantity, amount in plan.orders:
             place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
     with runtime.database("orders").connection() as conn:
         _wait(conn, "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL", count)
         busy = _busy_seconds() - busy
+        after = _cpu_by_process_group()
         row = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(started_at)),
                       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
@@ -194,6 +230,11 @@ def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
         "latency_p99": float(row[2]),
         # Everything the machine did while the sagas ran (other work too, on a busy machine).
         "cpu_ms_per_step": 1000 * busy / messages if messages else float("nan"),
+        "cpu_ms_per_step_by_process": {
+            group: 1000 * (after[group] - by_group.get(group, 0.0)) / messages
+            for group in sorted(after, key=lambda g: by_group.get(g, 0.0) - after[g])
+            if messages and after[group] - by_group.get(group, 0.0) > 0
+        },
     }
 
 
@@ -313,6 +354,9 @@ def table(results: dict[str, Any], processes: int) -> str:
             f"{sagas['messages_per_saga']:>12.1f}{sagas['step_messages_per_second'] / base:>12.0%}"
             f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}{sagas['cpu_ms_per_step']:>13.2f}"
         )
+    for name, r in brokers.items():
+        split = ", ".join(f"{group} {ms:.2f}" for group, ms in r["sagas"]["cpu_ms_per_step_by_process"].items())
+        lines.append(f"{name:<10}CPU ms per saga step by process: {split}")
     steady = {name: r["steady"] for name, r in brokers.items() if "steady" in r}
     for name, r in steady.items():
         lines.append(

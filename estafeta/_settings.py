@@ -89,8 +89,10 @@ class Settings:
     lock_timeout_ms: int = 5_000
     #: Lease of a Redis lock; a holder past it is fenced off.
     lock_ttl_ms: int = 30_000
-    #: Connections per service database in each process.
-    pool_size: int = 8
+    #: Connections per service database in each process: Dramatiq's 8 worker threads, the
+    #: saga watchdog and one to spare (code outside steps), so a busy worker never waits
+    #: for a connection.
+    pool_size: int = 10
     #: Seconds a saga waits for a step's reply before its watchdog re-sends the command
     #: (steps may declare their own); kept in each saga's row when it starts.
     saga_step_timeout: float = 30.0
