@@ -180,6 +180,8 @@ def _cpu_by_process_group() -> dict[str, float]:
 
 
 def _group(comm: str, cmdline: str) -> str:
+    if "bench.sagas" in cmdline:
+        return "this process (placing; the stub's worker and relay)"
     if comm == "postgres":
         return "PostgreSQL"
     if comm.startswith("beam") or "rabbitmq" in cmdline:
@@ -190,8 +192,6 @@ def _group(comm: str, cmdline: str) -> str:
         return "dramatiq worker processes"
     if "bin/estafeta relay" in cmdline:
         return "estafeta relay"
-    if "bench.sagas" in cmdline:
-        return "this process (placing; the stub's worker and relay)"
     return "everything else"
 
 
