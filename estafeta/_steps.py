@@ -174,10 +174,10 @@ def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
         except ConcurrencyConflict as conflict:
             # Expected under contention (two steps saved one stream), and over as soon as
             # the other transaction ended: retried sooner than other errors (20 ms, doubling,
-            # jittered), and a line in the log rather than Dramatiq's traceback.
+            # jittered), and an INFO line in the log (as Dramatiq logs expected errors), not a traceback.
             retries = int(message.options.get("retries", 0))
             delay = min(runtime.settings.max_backoff_ms, _CONFLICT_BACKOFF_MS * 2**retries)
-            logger.warning("%s: %s retried after a concurrency conflict: %s", spec.actor_name, message, conflict)
+            logger.info("%s: %s retried after a concurrency conflict: %s", spec.actor_name, message, conflict)
             raise dramatiq.Retry(str(conflict), delay=int(delay * random.uniform(0.5, 1.0))) from conflict
 
     body.__name__ = spec.name

@@ -125,7 +125,7 @@ def test_two_charges_racing_on_one_account_conflict_and_dramatiq_retries_one(
 ) -> None:
     seed(runtime, {"c1": 10_000}, {})
     first, second = uuid.uuid4(), uuid.uuid4()
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     # Hold the account's stream row: both charges load version 1 and then queue on the row
     # in their appends, so both decide on the same balance and race to save it.
     with psycopg.connect(database_url) as blocker:
