@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import uuid
 from typing import Any
 
 import psycopg
@@ -20,7 +19,7 @@ import psycopg
 from .common import describe, machine, scratch_database
 from .events import _default_dsn
 from .events_baselines import catch_up_read, create_recorder_tables, settings_for
-from .events_workers import PAYLOAD, STREAMS, eventsourcing_writer, timed_writers
+from .events_workers import eventsourcing_writer, recorder_writes, timed_writers
 
 ADAPTER = "es_adapter"
 LIBRARY = "es_recorder"
@@ -34,23 +33,8 @@ def _factory(dsn: str) -> Any:
 
 def adapter_writer(dsn: str, batch: int, seconds: float, start: Any, index: int) -> int:
     """``insert_events`` of ``batch`` events for ``seconds`` after ``start``; the events committed."""
-    from eventsourcing.persistence import StoredEvent
-
     factory = _factory(dsn)
-    recorder = factory.application_recorder()
-    originators = [uuid.uuid4() for _ in range(STREAMS)]
-    versions = [1] * STREAMS
-    done = 0
-    start.wait()
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        stream = done // batch % STREAMS
-        first = versions[stream]
-        recorder.insert_events(
-            [StoredEvent(originators[stream], first + i, "bench:ItemAdded", PAYLOAD) for i in range(batch)]
-        )
-        versions[stream] += batch
-        done += batch
+    done = recorder_writes(factory.application_recorder(), batch, seconds, start)
     factory.close()
     return done
 

@@ -59,11 +59,18 @@ def estafeta_writer(dsn: str, schema: str, batch: int, seconds: float, start: An
 
 def eventsourcing_writer(settings: dict[str, Any], batch: int, seconds: float, start: Any, index: int) -> int:
     """The same with eventsourcing's ``PostgresApplicationRecorder.insert_events`` (one transaction each)."""
-    from eventsourcing.persistence import StoredEvent
     from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
     datastore = PostgresDatastore(**settings)
-    recorder = PostgresApplicationRecorder(datastore)
+    done = recorder_writes(PostgresApplicationRecorder(datastore), batch, seconds, start)
+    datastore.close()
+    return done
+
+
+def recorder_writes(recorder: Any, batch: int, seconds: float, start: Any) -> int:
+    """``recorder.insert_events`` of ``batch`` events, round robin over the streams, for ``seconds`` after ``start``."""
+    from eventsourcing.persistence import StoredEvent
+
     originators = [uuid.uuid4() for _ in range(STREAMS)]
     versions = [1] * STREAMS
     done = 0
@@ -77,7 +84,6 @@ def eventsourcing_writer(settings: dict[str, Any], batch: int, seconds: float, s
         )
         versions[stream] += batch
         done += batch
-    datastore.close()
     return done
 
 
