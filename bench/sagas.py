@@ -49,8 +49,9 @@ from actors.pingpong import Ping
 from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings, build_relay
 
-from . import peers
+from . import cpu, peers
 from .common import describe, machine, rabbitmq_vhost, reachable, redis_namespace, scratch_database
+from .pg_activity import DatabaseWatch, database_line
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -97,12 +98,12 @@ def stub_harness(dsn: str) -> Iterator[Runtime]:
 
 
 @contextlib.contextmanager
-def process_harness(dsn: str, broker_url: str, processes: int) -> Iterator[Runtime]:
-    """``dramatiq actors`` (``processes`` x 8 threads) and ``estafeta relay`` processes."""
+def process_harness(dsn: str, broker_url: str, processes: int, threads: int = 8) -> Iterator[Runtime]:
+    """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
     env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=broker_url, ESTAFETA_RELAY_POLL_INTERVAL="0.05")
     env["PYTHONPATH"] = str(ROOT)
-    argv = [str(BIN / "dramatiq"), "actors", "--processes", str(processes), "--threads", "8"]
+    argv = [str(BIN / "dramatiq"), "actors", "--processes", str(processes), "--threads", str(threads)]
     children = [
         subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for cmd in (argv, [str(BIN / "estafeta"), "relay"])
@@ -152,63 +153,21 @@ def measure_pings(runtime: Runtime, count: int) -> dict[str, Any]:
     return {"round_trips": count, "seconds": seconds, "step_messages_per_second": 2 * count / seconds}
 
 
-def _busy_seconds() -> float:
-    """CPU seconds the whole machine has spent busy (every process: PostgreSQL, the broker, workers)."""
-    with open("/proc/stat") as stat:
-        fields = [int(x) for x in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_by_process_group() -> dict[str, float]:
-    """CPU seconds so far of each group of processes on the machine (/proc/<pid>/stat, user + system)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    groups: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-        groups[_group(comm, cmdline)] = groups.get(_group(comm, cmdline), 0.0) + cpu
-    return groups
-
-
-def _group(comm: str, cmdline: str) -> str:
-    if "bench.sagas" in cmdline:
-        return "this process (placing; the stub's worker and relay)"
-    if comm == "postgres":
-        return "PostgreSQL"
-    if comm.startswith("beam") or "rabbitmq" in cmdline:
-        return "RabbitMQ (Erlang)"
-    if comm.startswith("redis-server"):
-        return "Redis"
-    if "bin/dramatiq" in cmdline:
-        return "dramatiq worker processes"
-    if "bin/estafeta relay" in cmdline:
-        return "estafeta relay"
-    return "everything else"
-
-
-def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
-    """Order sagas placed at once: sagas and step messages per second, latency, machine CPU per step."""
+def measure_sagas(runtime: Runtime, count: int, dsn: str) -> dict[str, Any]:
+    """Order sagas placed at once: sagas and step messages per second, latency, machine and database use per step."""
     plan = plan_orders(count, prefix=f"b{uuid.uuid4().hex[:6]}-", rng=random.Random(7))
     seed_services(runtime, plan.balances, plan.stock)
     with runtime.database("orders").connection() as conn:
         before = _inbox_rows(conn)
-    busy, by_group = _busy_seconds(), _cpu_by_process_group()
+    watch = DatabaseWatch(dsn).start()
+    busy, by_group = cpu.busy_seconds(), cpu.cpu_by_process_group()
     with runtime.database("orders").transaction() as conn:
         for customer, sku, quantity, amount in plan.orders:
             place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
     with runtime.database("orders").connection() as conn:
         _wait(conn, "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL", count)
-        busy = _busy_seconds() - busy
-        after = _cpu_by_process_group()
+        busy = cpu.busy_seconds() - busy
+        after = cpu.cpu_by_process_group()
         row = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(started_at)),
                       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - started_at)),
@@ -217,6 +176,7 @@ def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
                FROM orders.saga_order"""
         ).fetchone()
         messages = _inbox_rows(conn) - before
+    database = watch.stop(messages)
     assert row is not None
     seconds = float(row[0])
     return {
@@ -235,6 +195,7 @@ def measure_sagas(runtime: Runtime, count: int) -> dict[str, Any]:
             for group in sorted(after, key=lambda g: by_group.get(g, 0.0) - after[g])
             if messages and after[group] - by_group.get(group, 0.0) > 0
         },
+        "database_per_step": database,
     }
 
 
@@ -296,13 +257,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         amqp: str | None = None
         if reachable(args.amqp_url, 5672):
             amqp = run_resources.enter_context(rabbitmq_vhost(args.amqp_url))
-            harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, args.processes)))
+            harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, args.processes, args.threads)))
         if reachable(args.redis_url, 6379):
             redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
-            harnesses.append(("redis", lambda: process_harness(dsn, redis_url, args.processes)))
+            harnesses.append(("redis", lambda: process_harness(dsn, redis_url, args.processes, args.threads)))
         kafka_url = _kafka(run_resources)
         if kafka_url:
-            harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, args.processes)))
+            harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, args.processes, args.threads)))
         for name, harness in harnesses:
             if args.brokers and name not in args.brokers:
                 continue
@@ -311,7 +272,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 measure_pings(runtime, 20)  # warm-up: the workers answer
                 results[name] = {
                     "baseline": measure_pings(runtime, args.pings),
-                    "sagas": measure_sagas(runtime, args.orders),
+                    "sagas": measure_sagas(runtime, args.orders, dsn),
                 }
                 if args.steady_rate > 0:
                     results[name]["steady"] = measure_steady(runtime, args.steady_rate, args.steady_seconds)
@@ -338,11 +299,11 @@ def _peers(args: argparse.Namespace, dsn: str, amqp: str | None) -> dict[str, An
     return found
 
 
-def table(results: dict[str, Any], processes: int) -> str:
+def table(results: dict[str, Any], processes: int, threads: int) -> str:
     """The figures, one broker per line, the baseline beside the sagas."""
     lines = [
         f"estafeta saga benchmark: {describe(machine())}",
-        f"real brokers: dramatiq actors --processes {processes} --threads 8",
+        f"real brokers: dramatiq actors --processes {processes} --threads {threads}",
         f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
         f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}{'CPU ms/step':>13}",
     ]
@@ -357,6 +318,7 @@ def table(results: dict[str, Any], processes: int) -> str:
     for name, r in brokers.items():
         split = ", ".join(f"{group} {ms:.2f}" for group, ms in r["sagas"]["cpu_ms_per_step_by_process"].items())
         lines.append(f"{name:<10}CPU ms per saga step by process: {split}")
+        lines.append(f"{name:<10}{database_line(r['sagas']['database_per_step'])}")
     steady = {name: r["steady"] for name, r in brokers.items() if "steady" in r}
     for name, r in steady.items():
         lines.append(
@@ -383,11 +345,13 @@ def _peer_lines(brokers: dict[str, Any], found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options (``bench.worker_shape`` runs it with its own)."""
     parser = argparse.ArgumentParser(prog="python -m bench.sagas", description=__doc__.split("\n")[0])
     parser.add_argument("--orders", type=int, default=500, help="sagas per broker (default 500)")
     parser.add_argument("--pings", type=int, default=1000, help="ping/pong round trips per broker (default 1000)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes on real brokers (default 2)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per worker process (default 8)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
         "--steady-rate", type=float, default=100, help="sagas/s placed steadily for the latency figure (0: skip)"
@@ -410,13 +374,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/7"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     results = run(args)
     if args.json:
-        json.dump({"machine": machine(), "processes": args.processes, "results": results}, sys.stdout, indent=2)
+        shape = {"processes": args.processes, "threads": args.threads}
+        json.dump({"machine": machine(), **shape, "results": results}, sys.stdout, indent=2)
         print()
     else:
-        print(table(results, args.processes))
+        print(table(results, args.processes, args.threads))
 
 
 if __name__ == "__main__":
