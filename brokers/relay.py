@@ -8,7 +8,9 @@ nothing: its locks die with its connection and unconfirmed or undeleted rows are
 claimed again (so a row may be published twice; the consumer's inbox absorbs the copy).
 
 The relay waits on a NOTIFY that every outbox write sends at commit, and polls as the
-fallback (a lost notification, a dropped listener, a pooler that cannot LISTEN).
+fallback (a lost notification, a dropped listener, a pooler that cannot LISTEN). A NOTIFY
+names its outbox (the payload is the schema), and the relay drains only the outboxes
+named since its last drain; a poll, or a wake-up that names none, drains them all.
 
 The relay must run in its own process, never inside a Dramatiq worker: declaring a
 queue in a worker makes that worker consume it.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 
 import attrs
@@ -85,8 +87,16 @@ class Relay:
         self.config = config
         #: ``messaging.system`` of the broker, for the batches' ``send`` spans.
         self.system = system
-        #: Set by NOTIFY (and by anyone who wants the relay to look now).
+        #: Set by NOTIFY (and by anyone who wants the relay to look now: every outbox, unless
+        #: :meth:`notice` named some).
         self.wake = threading.Event()
+        #: Outboxes named by the wake-ups since the last drain (empty: all of them).
+        self._woken: set[str] = set()
+        self._woken_mutex = threading.Lock()
+        #: When each outbox's next delayed or backing-off row falls due (``time.monotonic``), as of its last drain.
+        self._next_due: dict[str, float] = {}
+        #: Outboxes drained since their next due row was last looked up.
+        self._due_unknown: set[str] = set()
         #: Set while the relay waits for a wake-up with nothing left to publish.
         self.idle = threading.Event()
         #: Drains so far: each starts the round robin from the next outbox.
@@ -149,8 +159,20 @@ class Relay:
             f", broker unavailable: {result.broker_error}" if result.broker_error else "",
         )
 
-    def drain_once(self, stop: threading.Event | None = None) -> int:
-        """Publish everything due now in every outbox; return how many rows were published.
+    def notice(self, schema: str | None) -> None:
+        """Wake the relay for ``schema``'s outbox (``None``: every outbox)."""
+        with self._woken_mutex:
+            self._woken.add(schema or "")
+        self.wake.set()
+
+    def _take_woken(self) -> set[str] | None:
+        """The outboxes to drain now: those named since the last drain, or ``None`` for all."""
+        with self._woken_mutex:
+            woken, self._woken = self._woken, set()
+        return None if not woken or "" in woken else woken
+
+    def drain_once(self, stop: threading.Event | None = None, only: Collection[str] | None = None) -> int:
+        """Publish everything due now in every outbox (or those named in ``only``); return how many rows were published.
 
         Fair across outboxes: one batch per outbox in turn (round robin) while any of
         them has more, starting from a different outbox each call, so a flood on one
@@ -159,9 +181,10 @@ class Relay:
         :class:`BrokerUnavailable` if the broker cannot be reached.
         """
         published = 0
-        start = self._turn % max(len(self.outboxes), 1)
+        outboxes = [o for o in self.outboxes if only is None or o.schema in only]
+        start = self._turn % max(len(outboxes), 1)
         self._turn += 1
-        busy = self.outboxes[start:] + self.outboxes[:start]
+        busy = outboxes[start:] + outboxes[:start]
         while busy and (stop is None or not stop.is_set()):
             for outbox in list(busy):
                 if stop is not None and stop.is_set():
@@ -198,8 +221,10 @@ class Relay:
         try:
             while not stop.is_set():
                 self.wake.clear()
+                only = self._take_woken()
                 try:
-                    self.drain_once(stop)
+                    self.drain_once(stop, only)
+                    self._due_unknown.update(only if only is not None else (o.schema for o in self.outboxes))
                     # Woken while draining: go again at once, the NOTIFY may be for rows just missed.
                     wait = 0.0 if self.wake.is_set() else self._idle_wait()
                     outage = 0.0
@@ -227,7 +252,7 @@ class Relay:
 
     def _start_listeners(self, stop: threading.Event) -> list[threading.Thread]:
         listeners = [
-            _Listener(dsn, self.wake, stop, self.config.poll_interval)
+            _Listener(dsn, self.notice, stop, self.config.poll_interval)
             for dsn in sorted({o.database.dsn for o in self.outboxes})
         ]
         self._listeners = listeners
@@ -242,18 +267,34 @@ class Relay:
         self.wake.set()
 
     def _idle_wait(self) -> float:
-        due = self.seconds_until_due()
+        """Seconds to wait for a wake-up: the poll interval, or less if a delayed row falls due sooner."""
+        now = time.monotonic()
+        # Only the outboxes drained since the last look can have a new next due row: any
+        # other write to an outbox NOTIFYs, and the outbox is drained before the relay idles.
+        for outbox in self.outboxes:
+            if outbox.schema not in self._due_unknown:
+                continue
+            with outbox.database.connection() as conn:
+                wait = store.seconds_until_next_due(conn, outbox.schema)
+            if wait is None:
+                self._next_due.pop(outbox.schema, None)
+            else:
+                self._next_due[outbox.schema] = now + wait
+        self._due_unknown.clear()
+        if not self._next_due:
+            return self.config.poll_interval
+        due = min(self._next_due.values()) - time.monotonic()
         # A little past the due instant: PostgreSQL's now() is the transaction start.
-        return self.config.poll_interval if due is None else min(self.config.poll_interval, due + 0.005)
+        return min(self.config.poll_interval, max(due, 0.0) + 0.005)
 
 
 class _Listener(threading.Thread):
     """LISTENs for outbox wake-ups on one database; reconnects by itself when dropped."""
 
-    def __init__(self, dsn: str, wake: threading.Event, stop: threading.Event, interval: float) -> None:
+    def __init__(self, dsn: str, notice: Callable[[str | None], None], stop: threading.Event, interval: float) -> None:
         super().__init__(name="estafeta-relay-listener", daemon=True)
         self.dsn = dsn
-        self.wake = wake
+        self.notice = notice
         self.stop = stop
         self.interval = interval
         #: Set once LISTEN took effect and the drain for what came before it was asked for.
@@ -266,13 +307,13 @@ class _Listener(threading.Thread):
                 with psycopg.connect(self.dsn, autocommit=True, application_name=LISTENER_APPLICATION_NAME) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.WAKE_CHANNEL)))
                     failures = 0
-                    # Anything committed before LISTEN took effect was missed: drain once.
-                    self.wake.set()
+                    # Anything committed before LISTEN took effect was missed: drain every outbox once.
+                    self.notice(None)
                     self.listening.set()
                     while not self.stop.is_set():
                         # A short timeout, so that a stopping relay does not wait for a poll interval.
-                        for _ in conn.notifies(timeout=min(self.interval, 0.5), stop_after=1):
-                            self.wake.set()
+                        for note in conn.notifies(timeout=min(self.interval, 0.5), stop_after=1):
+                            self.notice(note.payload or None)
             except Exception as exc:
                 self.listening.clear()
                 failures += 1

@@ -133,6 +133,58 @@ def test_the_relay_wakes_when_a_delayed_row_falls_due(conn, runtime, stub_broker
     assert check_order(arrivals(drain_stub(stub_broker)), {"a": [0]}) == 0
 
 
+@contextlib.contextmanager
+def running(relay: Relay) -> Iterator[None]:
+    """``relay`` running in a thread, past the drain its listener asked for on connecting."""
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: relay.listening, what="the listener")
+        wait_until(lambda: not relay.wake.is_set() and relay.idle.is_set(), what="the relay waiting for a wake-up")
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_notify_drains_only_the_outbox_it_names(conn, runtime, stub_broker, queue) -> None:
+    relay = make_relay(runtime, stub_broker, poll_interval=60.0)
+    assert len(relay.outboxes) > 1
+    drained: list[str] = []
+    batch = relay.relay_batch
+
+    def recording(outbox: Any) -> Any:
+        drained.append(outbox.schema)
+        return batch(outbox)
+
+    relay.relay_batch = recording  # type: ignore[method-assign]
+    with running(relay):
+        drained.clear()
+        add(conn, "k", 0)
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=10)
+        wait_until(lambda: relay.idle.is_set(), what="the relay idle again")
+    # Every other outbox used to get a batch (a claim transaction) for each NOTIFY too.
+    assert set(drained) == {SCHEMA}
+
+
+def test_a_delayed_row_falls_due_though_another_outbox_woke_the_relay_since(conn, runtime, stub_broker, queue):
+    relay = make_relay(runtime, stub_broker, poll_interval=60.0)
+    with running(relay):
+        add(conn, "a", 0, delay=timedelta(seconds=1))
+        wait_until(lambda: relay.idle.is_set() and not relay.wake.is_set(), what="the relay idle")
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO orders.outbox (message_id, queue_name, actor_name, message)"
+                " VALUES (gen_random_uuid(), %s, %s, %s)",
+                (QUEUE, f"{QUEUE}.record", Jsonb({"args": [{"key": "o", "seq": 0}], "kwargs": {}, "options": {}})),
+            )
+            conn.execute("SELECT pg_notify(%s, 'orders')", (store.WAKE_CHANNEL,))
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM orders.outbox") == 0, timeout=10)
+        # Far sooner than the 60 s poll: the relay remembered when pingpong's row falls due.
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=20)
+
+
 def test_several_relays_keep_every_key_in_order_and_lose_nothing(conn, runtime, stub_broker, queue, database_url):
     keys = [f"k{i}" for i in range(12)]
     expected: dict[str | None, list[int]] = {key: [] for key in keys}
