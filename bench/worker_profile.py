@@ -1,14 +1,15 @@
-"""Where a worker's CPU goes: py-spy samples of ``dramatiq actors`` answering ping/pongs, by package.
+"""Where a worker's CPU goes: py-spy samples of ``dramatiq actors`` answering ping/pongs (or order sagas), by package.
 
-    python -m bench.worker_profile [--pings 3000] [--seconds 15]
+    python -m bench.worker_profile [--pings 3000 | --sagas 600] [--seconds 15] [--top 15]
 
 On a scratch database and RabbitMQ vhost, one ``dramatiq actors --processes 1 --threads 8``
 and one ``estafeta relay`` run; pings are written in one transaction and py-spy samples the
 worker process (threads waiting on a socket or a lock are idle and not sampled) while they
 are answered (only the thread holding the GIL is sampled: Python-level CPU). Each sample is
 charged to the innermost frame's package: where the time goes between estafeta's own code,
-psycopg, pika, Dramatiq, JSON and the rest. Shares of CPU samples, so a busy machine changes
-the totals more than the split.
+psycopg, pika, Dramatiq, JSON and the rest; ``--top`` also lists the functions with the
+most samples, and the estafeta functions under which the most samples were taken. Shares of
+CPU samples, so a busy machine changes the totals more than the split.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -24,8 +26,10 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from actors.order_saga import place_order
 from actors.pingpong import SERVICE as pingpong_service
 from actors.pingpong import Ping
+from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings
 
 from .common import describe, machine, rabbitmq_vhost, scratch_database
@@ -63,6 +67,41 @@ def package(frame: str) -> str:
     return "other (stdlib, uuid, contextlib...)"
 
 
+def _stacks(collapsed: str) -> list[tuple[list[str], int]]:
+    """py-spy's raw output as (frames, outermost first; samples)."""
+    stacks = []
+    for line in collapsed.splitlines():
+        stack, _, number = line.rpartition(" ")
+        frames = [f for f in stack.split(";") if f.strip()]
+        if frames and number.isdigit():
+            stacks.append((frames, int(number)))
+    return stacks
+
+
+def top_functions(collapsed: str, count: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """The innermost functions with the most samples, and estafeta's functions with the most samples under them."""
+    own: collections.Counter[str] = collections.Counter()
+    under: collections.Counter[str] = collections.Counter()
+    total = 0
+    for frames, number in _stacks(collapsed):
+        total += number
+        own[_function(frames[-1])] += number
+        for name in {_function(f) for f in frames if package(f).startswith("estafeta")}:
+            under[name] += number
+    total = total or 1
+    return (
+        [(name, n / total) for name, n in own.most_common(count)],
+        [(name, n / total) for name, n in under.most_common(count)],
+    )
+
+
+def _function(frame: str) -> str:
+    """``function (path/module.py:line)`` without the line, and the path cut to its last two parts."""
+    name, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    return f"{name} ({'/'.join(path.split('/')[-2:])})"
+
+
 def shares(collapsed: str) -> dict[str, float]:
     """Each package's share of the samples in py-spy's raw (collapsed) output, by innermost frame."""
     counts: collections.Counter[str] = collections.Counter()
@@ -76,8 +115,11 @@ def shares(collapsed: str) -> dict[str, float]:
     return {name: count / total for name, count in counts.most_common()}
 
 
-def profile(database_url: str, amqp_url: str, pings: int, seconds: float) -> dict[str, float]:
-    """Run the worker and the relay, answer ``pings`` ping/pongs under py-spy; the shares by package."""
+def profile(database_url: str, amqp_url: str, pings: int, seconds: float, sagas: int = 0) -> str:
+    """Run the worker and the relay, answer ``pings`` ping/pongs (or run ``sagas`` order sagas) under py-spy.
+
+    Returns py-spy's raw (collapsed) samples.
+    """
     with scratch_database(database_url, _migrate) as dsn, rabbitmq_vhost(amqp_url) as amqp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
         env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=amqp, PYTHONPATH=str(ROOT))
@@ -103,14 +145,17 @@ def profile(database_url: str, amqp_url: str, pings: int, seconds: float) -> dic
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )  # fmt: skip
                 time.sleep(1)
-                with database.transaction() as conn:
-                    for _ in range(pings):
-                        pingpong_service.send(conn, Ping(uuid.uuid4(), datetime.now(UTC)))
+                if sagas:
+                    _place(runtime, sagas)
+                else:
+                    with database.transaction() as conn:
+                        for _ in range(pings):
+                            pingpong_service.send(conn, Ping(uuid.uuid4(), datetime.now(UTC)))
                 sampler.wait(seconds + 60)
                 raw = out.read_text()
                 if os.environ.get("BENCH_PROFILE_RAW"):
                     Path(os.environ["BENCH_PROFILE_RAW"]).write_text(raw)
-                return shares(raw)
+                return raw
         finally:
             for child in (worker, relay):
                 child.terminate()
@@ -122,20 +167,40 @@ def profile(database_url: str, amqp_url: str, pings: int, seconds: float) -> dic
             runtime.close()
 
 
+def _place(runtime: Runtime, count: int) -> None:
+    """``count`` order sagas of the demo's mix, placed in one transaction."""
+    plan = plan_orders(count, prefix=f"p{uuid.uuid4().hex[:6]}-", rng=random.Random(7))
+    seed_services(runtime, plan.balances, plan.stock)
+    with runtime.database("orders").transaction() as conn:
+        for customer, sku, quantity, amount in plan.orders:
+            place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.worker_profile", description=__doc__.split("\n")[0])
     parser.add_argument("--pings", type=int, default=3000)
+    parser.add_argument("--sagas", type=int, default=0, help="order sagas instead of ping/pongs (0: ping/pongs)")
     parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--top", type=int, default=0, help="also list this many functions (0: only packages)")
     default_database = "host=127.0.0.1 port=5432 user=postgres dbname=test"
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", default_database))
     parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
     args = parser.parse_args()
     started = time.monotonic()
-    found = profile(args.database_url, args.amqp_url, args.pings, args.seconds)
-    print(f"worker profile: {describe(machine())}; {time.monotonic() - started:.0f} s")
+    raw = profile(args.database_url, args.amqp_url, args.pings, args.seconds, args.sagas)
+    workload = f"{args.sagas} order sagas" if args.sagas else f"{args.pings} ping/pongs"
+    print(f"worker profile, {workload}: {describe(machine())}; {time.monotonic() - started:.0f} s")
     print("share of the worker's CPU samples, by the innermost frame's package:")
-    for name, share in found.items():
+    for name, share in shares(raw).items():
         print(f"  {share:>6.1%}  {name}")
+    if args.top:
+        innermost, under = top_functions(raw, args.top)
+        print("functions with the most samples (innermost frame):")
+        for name, share in innermost:
+            print(f"  {share:>6.1%}  {name}")
+        print("estafeta functions with the most samples under them:")
+        for name, share in under:
+            print(f"  {share:>6.1%}  {name}")
 
 
 if __name__ == "__main__":
