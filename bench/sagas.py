@@ -98,7 +98,7 @@ def stub_harness(dsn: str) -> Iterator[Runtime]:
 
 
 @contextlib.contextmanager
-def process_harness(dsn: str, broker_url: str, processes: int, threads: int = 8) -> Iterator[Runtime]:
+def process_harness(dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 2) -> Iterator[Runtime]:
     """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
     env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=broker_url, ESTAFETA_RELAY_POLL_INTERVAL="0.05")
@@ -106,7 +106,7 @@ def process_harness(dsn: str, broker_url: str, processes: int, threads: int = 8)
     argv = [str(BIN / "dramatiq"), "actors", "--processes", str(processes), "--threads", str(threads)]
     children = [
         subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for cmd in (argv, [str(BIN / "estafeta"), "relay"])
+        for cmd in (argv, [str(BIN / "estafeta"), "relay", "--lanes", str(lanes)])
     ]
     runtime = Runtime(Settings(database_url=dsn))
     try:
@@ -254,16 +254,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as run_resources:
         dsn = run_resources.enter_context(scratch_database(args.database_url, _migrate))
         harnesses: list[tuple[str, Any]] = [("stub", lambda: stub_harness(dsn))]
+        shape = (args.processes, args.threads, args.lanes)
         amqp: str | None = None
         if reachable(args.amqp_url, 5672):
             amqp = run_resources.enter_context(rabbitmq_vhost(args.amqp_url))
-            harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, args.processes, args.threads)))
+            harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, *shape)))
         if reachable(args.redis_url, 6379):
             redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
-            harnesses.append(("redis", lambda: process_harness(dsn, redis_url, args.processes, args.threads)))
+            harnesses.append(("redis", lambda: process_harness(dsn, redis_url, *shape)))
         kafka_url = _kafka(run_resources)
         if kafka_url:
-            harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, args.processes, args.threads)))
+            harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, *shape)))
         for name, harness in harnesses:
             if args.brokers and name not in args.brokers:
                 continue
@@ -352,6 +353,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--pings", type=int, default=1000, help="ping/pong round trips per broker (default 1000)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes on real brokers (default 2)")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker process (default 8)")
+    parser.add_argument("--lanes", type=int, default=2, help="the relay's lanes on real brokers (default 2)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
         "--steady-rate", type=float, default=100, help="sagas/s placed steadily for the latency figure (0: skip)"
