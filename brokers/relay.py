@@ -197,16 +197,6 @@ class Relay:
                     busy.remove(outbox)
         return published
 
-    def seconds_until_due(self) -> float | None:
-        """Seconds until the next delayed or backing-off row in any outbox becomes due."""
-        waits = []
-        for outbox in self.outboxes:
-            with outbox.database.connection() as conn:
-                wait = store.seconds_until_next_due(conn, outbox.schema)
-            if wait is not None:
-                waits.append(wait)
-        return min(waits, default=None)
-
     def run(self, stop: threading.Event) -> None:
         """Drain until ``stop`` is set, woken by NOTIFY, by a delayed row falling due, or by the poll interval.
 
