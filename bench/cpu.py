@@ -6,6 +6,16 @@ import os
 from pathlib import Path
 
 
+def process_cpu(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` (all its threads) so far; 0 once it has gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def busy_seconds() -> float:
     """CPU seconds the whole machine has spent busy (every process: PostgreSQL, the broker, workers)."""
     with open("/proc/stat") as stat:
@@ -16,7 +26,6 @@ def busy_seconds() -> float:
 
 def cpu_by_process_group() -> dict[str, float]:
     """CPU seconds so far of each group of processes on the machine (/proc/<pid>/stat, user + system)."""
-    ticks = os.sysconf("SC_CLK_TCK")
     groups: dict[str, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -26,10 +35,8 @@ def cpu_by_process_group() -> dict[str, float]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-        groups[group_of(comm, cmdline)] = groups.get(group_of(comm, cmdline), 0.0) + cpu
+        group = group_of(stat[stat.index("(") + 1 : stat.rindex(")")], cmdline)
+        groups[group] = groups.get(group, 0.0) + process_cpu(int(entry.name))
     return groups
 
 

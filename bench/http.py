@@ -34,6 +34,7 @@ from actors.app import app as order_system
 from estafeta import Runtime, Settings
 
 from .common import describe, machine, scratch_database
+from .cpu import process_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = {"customer_id": "c1", "sku": "s1", "quantity": 1, "amount_cents": 990}
@@ -56,17 +57,9 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def _cpu_seconds(pids: list[int]) -> float:
     """User plus system CPU seconds of ``pids`` (all their threads) so far; 0 for one that is gone."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / _TICKS
+    return sum(process_cpu(pid) for pid in pids)
 
 
 class Processes:

@@ -14,29 +14,19 @@ flush count is read after ``settle`` seconds of quiet.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from .cpu import process_cpu
 
 #: Seconds an idle backend may keep its statistics before ``pg_stat_wal`` sees them (PGSTAT_IDLE_INTERVAL).
 STATS_IDLE_INTERVAL = 10.0
 
 _WAL_AND_XID = """SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_current_xact_id()::text::bigint,
                          (SELECT wal_sync FROM pg_stat_wal), (SELECT wal_write FROM pg_stat_wal)"""
-
-
-def _backend_cpu(pid: int) -> float:
-    """CPU seconds of one process so far (user + system), 0 once it has gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _label(application_name: str, backend_type: str) -> str:
@@ -62,7 +52,7 @@ class DatabaseWatch:
     def start(self) -> DatabaseWatch:
         """Take the counters' starting values and start sampling."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            self._cpu_before = {pid: _backend_cpu(pid) for pid, _ in self._backends(conn)}
+            self._cpu_before = {pid: process_cpu(pid) for pid, _ in self._backends(conn)}
             self._wal_before = self._wal(conn)
         self._thread.start()
         return self
@@ -74,7 +64,7 @@ class DatabaseWatch:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             cpu: dict[str, float] = collections.defaultdict(float)
             for pid, label in self._backends(conn):
-                cpu[label] += _backend_cpu(pid) - self._cpu_before.get(pid, 0.0)
+                cpu[label] += process_cpu(pid) - self._cpu_before.get(pid, 0.0)
             lsn, xid, _, _ = self._wal(conn)
         time.sleep(settle)
         with psycopg.connect(self.dsn, autocommit=True) as conn:
