@@ -118,21 +118,6 @@ def test_a_delayed_row_waits_in_the_outbox_without_holding_back_its_key(conn, re
     assert check_order(arrivals(drain_stub(stub_broker)), {"a": [0]}) == 0
 
 
-def test_the_relay_wakes_when_a_delayed_row_falls_due(conn, runtime, stub_broker, queue) -> None:
-    relay = make_relay(runtime, stub_broker, poll_interval=60.0)
-    stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        add(conn, "a", 0, delay=timedelta(seconds=0.3))
-        # Far sooner than the 60 s poll: the relay sleeps until the row is due, not a poll.
-        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=20)
-    finally:
-        stop.set()
-        thread.join(10)
-    assert check_order(arrivals(drain_stub(stub_broker)), {"a": [0]}) == 0
-
-
 @contextlib.contextmanager
 def running(relay: Relay) -> Iterator[None]:
     """``relay`` running in a thread, past the drain its listener asked for on connecting."""
@@ -141,11 +126,22 @@ def running(relay: Relay) -> Iterator[None]:
     thread.start()
     try:
         wait_until(lambda: relay.listening, what="the listener")
+        # Past the drain the listener asked for when it started listening (wake read first:
+        # cleared after the listener set it means that drain began; idle: it is over).
         wait_until(lambda: not relay.wake.is_set() and relay.idle.is_set(), what="the relay waiting for a wake-up")
         yield
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_the_relay_wakes_when_a_delayed_row_falls_due(conn, runtime, stub_broker, queue) -> None:
+    relay = make_relay(runtime, stub_broker, poll_interval=60.0)
+    with running(relay):
+        add(conn, "a", 0, delay=timedelta(seconds=0.3))
+        # Far sooner than the 60 s poll: the relay sleeps until the row is due, not a poll.
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=20)
+    assert check_order(arrivals(drain_stub(stub_broker)), {"a": [0]}) == 0
 
 
 def test_a_notify_drains_only_the_outbox_it_names(conn, runtime, stub_broker, queue) -> None:
@@ -268,14 +264,7 @@ def test_metrics_count_batches_and_read_the_outbox_when_scraped(conn, runtime, s
 @pytest.mark.parametrize(("poll", "notify"), [(60.0, True), (0.2, False)], ids=["woken-by-notify", "found-by-poll"])
 def test_the_relay_is_woken_by_notify_and_polls_for_what_it_missed(conn, runtime, stub_broker, queue, poll, notify):
     relay = make_relay(runtime, stub_broker, poll_interval=poll)
-    stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: relay.listening, what="the listener")
-        # Past the drain the listener asked for when it started listening (wake read first:
-        # cleared after the listener set it means that drain began; idle: it is over).
-        wait_until(lambda: not relay.wake.is_set() and relay.idle.is_set(), what="the relay waiting for a wake-up")
+    with running(relay):
         if notify:
             add(conn, "k", 0)
         else:  # a lost wake-up: written without the NOTIFY, only the poll can find it
@@ -286,7 +275,4 @@ def test_the_relay_is_woken_by_notify_and_polls_for_what_it_missed(conn, runtime
             )
         # With a 60 s poll, only the NOTIFY can explain a publish within seconds.
         wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=10)
-    finally:
-        stop.set()
-        thread.join(10)
     assert check_order(arrivals(drain_stub(stub_broker)), {"k": [0]}) == 0
