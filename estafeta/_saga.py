@@ -468,6 +468,10 @@ class Saga:
         self._give_up(conn, row, f"compensation {row.current_step}: {why}")
         return "failed"
 
+    def attempts_spent(self, row: SagaRow) -> bool:
+        """Whether the current command was sent as often as its step allows: its next deadline gives up on it."""
+        return row.attempts >= self._step(row.current_step).max_attempts
+
     def resume(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> str:
         """Send a live saga's current command again now, or retry the step a failed saga stopped at.
 
