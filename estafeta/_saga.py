@@ -285,12 +285,13 @@ class Saga:
     def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, reply: Reply, tp: str | None) -> None:
         results = {**row.results, row.current_step: reply.result}
         current = self._step(row.current_step)
-        state = (
-            self._state(attrs.evolve(row, results=results)) if current.then else SagaState(row.saga_id, None, results)
-        )
+        # In a saga that branches, any step (chosen or next in the list) may be one done already.
+        branching = any(s.then for s in self.steps)
+        state = self._state(attrs.evolve(row, results=results)) if branching else SagaState(row.saga_id, None, results)
         step = following(self.steps, current, state)
-        if step is not None and current.then and step in taken(self.steps, state):
-            raise SagaStuck(f"step {current.name} chose {step.name!r}, which this saga has done already")
+        if step is not None and branching and step in taken(self.steps, state):
+            how = "chose" if current.then else "is followed by"
+            raise SagaStuck(f"step {current.name} {how} {step.name!r}, which this saga has done already")
         if step is not None:
             detail = f"{current.name} done" + (f", {step.name} chosen" if current.then else "")
             self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp, reply=reply)
