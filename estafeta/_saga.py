@@ -87,7 +87,7 @@ COMPENSATIONS = Counter("estafeta_saga_compensation", "Compensating steps done, 
 
 @attrs.frozen
 class SagaTransition:
-    """One transition of a saga, as its ``on_transition`` hook sees it (every entry of its log is one)."""
+    """One transition of a saga, as its ``on_transition`` hook sees it (every entry of its log but ``error``)."""
 
     saga_id: uuid.UUID
     #: The saga's key (the value of its data's key field: an order id).
@@ -126,10 +126,12 @@ class Saga:
     service's own). Its commands are routed through the service's app.
 
     ``on_transition(conn, transition)``, if given, is called with a :class:`SagaTransition`
-    on ``conn``, inside the transaction of each transition (every entry of the saga's log),
+    on ``conn``, inside the transaction of each transition (every entry of the saga's log but
+    the watchdog's ``error`` entries, which record a failed attempt and are no transition),
     after the saga row moved and before its next command is written: what it writes
     commits with the transition or not at all, and an exception rolls the transition back
-    (a reply is then retried). It must only touch the saga service's own database. (The
+    (a reply is then retried; the watchdog records it on the row and fails the saga at the
+    third in a row). It must only touch the saga service's own database. (The
     watchdog's failing of a saga it cannot move as declared bypasses the saga's code,
     this hook included: the definition may be what is broken.)
     """
