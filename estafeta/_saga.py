@@ -87,7 +87,7 @@ COMPENSATIONS = Counter("estafeta_saga_compensation", "Compensating steps done, 
 
 @attrs.frozen
 class SagaTransition:
-    """One transition of a saga, as its ``on_transition`` hook sees it (every entry of its log is one)."""
+    """One transition of a saga, as its ``on_transition`` hook sees it (every entry of its log but ``error``)."""
 
     saga_id: uuid.UUID
     #: The saga's key (the value of its data's key field: an order id).
@@ -126,10 +126,12 @@ class Saga:
     service's own). Its commands are routed through the service's app.
 
     ``on_transition(conn, transition)``, if given, is called with a :class:`SagaTransition`
-    on ``conn``, inside the transaction of each transition (every entry of the saga's log),
+    on ``conn``, inside the transaction of each transition (every entry of the saga's log but
+    the watchdog's ``error`` entries, which record a failed attempt and are no transition),
     after the saga row moved and before its next command is written: what it writes
     commits with the transition or not at all, and an exception rolls the transition back
-    (a reply is then retried). It must only touch the saga service's own database. (The
+    (a reply is then retried; the watchdog records it on the row and fails the saga at the
+    third in a row). It must only touch the saga service's own database. (The
     watchdog's failing of a saga it cannot move as declared bypasses the saga's code,
     this hook included: the definition may be what is broken.)
     """
@@ -285,12 +287,13 @@ class Saga:
     def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, reply: Reply, tp: str | None) -> None:
         results = {**row.results, row.current_step: reply.result}
         current = self._step(row.current_step)
-        state = (
-            self._state(attrs.evolve(row, results=results)) if current.then else SagaState(row.saga_id, None, results)
-        )
+        # In a saga that branches, any step (chosen or next in the list) may be one done already.
+        branching = any(s.then for s in self.steps)
+        state = self._state(attrs.evolve(row, results=results)) if branching else SagaState(row.saga_id, None, results)
         step = following(self.steps, current, state)
-        if step is not None and current.then and step in taken(self.steps, state):
-            raise SagaStuck(f"step {current.name} chose {step.name!r}, which this saga has done already")
+        if step is not None and branching and step in taken(self.steps, state):
+            how = "chose" if current.then else "is followed by"
+            raise SagaStuck(f"step {current.name} {how} {step.name!r}, which this saga has done already")
         if step is not None:
             detail = f"{current.name} done" + (f", {step.name} chosen" if current.then else "")
             self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp, reply=reply)
@@ -467,6 +470,10 @@ class Saga:
             return "compensating" if not current.retriable else "failed"
         self._give_up(conn, row, f"compensation {row.current_step}: {why}")
         return "failed"
+
+    def attempts_spent(self, row: SagaRow) -> bool:
+        """Whether the current command was sent as often as its step allows: its next deadline gives up on it."""
+        return row.attempts >= self._step(row.current_step).max_attempts
 
     def resume(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> str:
         """Send a live saga's current command again now, or retry the step a failed saga stopped at.

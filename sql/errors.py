@@ -20,7 +20,22 @@ class DatabaseError(EstafetaError):
 
 
 class DatabaseUnavailable(DatabaseError):
-    """Could not reach PostgreSQL."""
+    """Could not reach PostgreSQL.
+
+    An outage of the whole database (connection refused or lost, server shutting down,
+    out of connections, disk or memory): no work on it can succeed until it is back, so
+    a loop over many items pauses instead of blaming the item it was on.
+    """
+
+
+class StatementFailed(DatabaseError):
+    """PostgreSQL refused this operation; the database itself is up.
+
+    The error belongs to the work that raised it (a constraint, bad data, a failing
+    statement, trigger or hook, a serialization conflict, a statement timeout): other work
+    on the same database may still succeed, so a loop over many items records it on the
+    item and goes on.
+    """
 
 
 class MigrationError(DatabaseError):

@@ -13,7 +13,7 @@ import psycopg.errors
 from psycopg import conninfo, pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .errors import DatabaseError, DatabaseUnavailable, LockNotAcquired
+from .errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +54,40 @@ def _scrub(message: str) -> str:
     return re.sub(r'"([^"]*)"', lambda m: m.group(0) if m.group(1) in keywords else '"…"', message)
 
 
+#: SQLSTATEs (or their two-character classes) that mean the server, not the statement, is the
+#: problem: connection exceptions, insufficient resources (disk, memory, connections), the
+#: server shutting down or not accepting connections yet, system (I/O) errors.
+_OUTAGE_STATES = frozenset({"08", "53", "58", "57P01", "57P02", "57P03", "57P05"})
+
+
+def is_outage(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` means the database is unreachable, rather than that it refused one operation.
+
+    A client-side error without a SQLSTATE (connection refused, lost, closed) is an outage.
+    """
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return state in _OUTAGE_STATES or state[:2] in _OUTAGE_STATES
+
+
 @contextlib.contextmanager
 def translate_errors(where: str) -> Iterator[None]:
-    """Turn psycopg and pool errors into estafeta's, naming ``where`` (a DSN description)."""
+    """Turn psycopg and pool errors into estafeta's, naming ``where`` (a DSN description).
+
+    An outage becomes :class:`DatabaseUnavailable`; anything else the database refused
+    becomes :class:`StatementFailed`: the one place where the two are told apart.
+    """
     try:
         yield
     except psycopg.errors.LockNotAvailable as exc:
         raise LockNotAcquired(f"lock not acquired in time on {where}: {exc.diag.message_primary}") from exc
     except PoolTimeout as exc:
         raise DatabaseUnavailable(f"no connection to {where} within the pool timeout") from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"lost or could not open a connection to {where}: {_first_line(exc)}") from exc
     except psycopg.Error as exc:
-        raise DatabaseError(f"{where}: {_first_line(exc)}") from exc
+        if is_outage(exc):
+            raise DatabaseUnavailable(f"lost or could not open a connection to {where}: {_first_line(exc)}") from exc
+        raise StatementFailed(f"{where}: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:
@@ -110,10 +131,10 @@ class Database:
             self._opened = True
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection in autocommit mode."""
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit mode; waiting at most ``timeout`` seconds (the pool's) for one."""
         self._open()
-        with translate_errors(self.description), self.pool.connection() as conn:
+        with translate_errors(self.description), self.pool.connection(timeout=timeout) as conn:
             yield conn
 
     @contextlib.contextmanager

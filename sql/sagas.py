@@ -230,9 +230,17 @@ def record_resend(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow,
     return _changed(conn, "record_resend", table, row, params)
 
 
-def record_error(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, error: str) -> SagaRow:
-    """Record ``error`` as the row's ``last_error`` and look again one step timeout later; return the new row."""
-    return _changed(conn, "record_error", table, row, {"saga_id": row.saga_id, "version": row.version, "error": error})
+def record_error(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, error: str) -> int:
+    """Record ``error`` as the row's ``last_error`` (and in its log), look again one step timeout later.
+
+    Return how many errors in a row the saga has met now: those logged since its last
+    logged transition or re-send, this one included.
+    """
+    params = {"saga_id": row.saga_id, "version": row.version, "error": error}
+    found = conn.execute(query("record_error", table), params).fetchone()
+    if found is None:
+        raise RuntimeError(f"saga {row.saga_id} changed under its lock (version {row.version})")
+    return int(found[0])
 
 
 def _changed(

@@ -93,15 +93,29 @@ WHERE saga_id = %(saga_id)s AND step = %(step)s AND status = 'running'
   AND event IN ('started', 'advanced', 'resent', 'resumed')
 
 -- record_error --
--- The watchdog could not handle the saga (an unexpected error): say why on the row and
--- look again one step timeout later, so that the others are not held up by it.
-UPDATE {schema}.{table}
-SET last_error = %(error)s,
-    deadline_at = now() + step_timeout,
-    updated_at = now()
-WHERE saga_id = %(saga_id)s AND version = %(version)s
-RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
-          step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
+-- The watchdog could not handle the saga (an error that is this saga's, not an outage):
+-- say why on the row and in the log (an `error` entry: not a transition, the version
+-- stays), and look again one step timeout later, so that the others are not held up by
+-- it. Returns the errors in a row, this one included: the `error` entries logged since
+-- the saga's last other entry (a transition or a re-send). The CTE's insert is not
+-- visible to this statement's count, hence the 1 +.
+WITH recorded AS (
+    UPDATE {schema}.{table}
+    SET last_error = %(error)s,
+        deadline_at = now() + step_timeout,
+        updated_at = now()
+    WHERE saga_id = %(saga_id)s AND version = %(version)s
+    RETURNING saga_id, version, status, current_step
+), logged AS (
+    INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
+    SELECT saga_id, version, status, current_step, 'error', %(error)s FROM recorded
+)
+SELECT 1 + (SELECT count(*)
+            FROM {schema}.{log} AS l
+            WHERE l.saga_id = r.saga_id AND l.event = 'error'
+              AND l.id > coalesce((SELECT max(o.id) FROM {schema}.{log} AS o
+                                   WHERE o.saga_id = r.saga_id AND o.event <> 'error'), 0)) AS errors
+FROM recorded AS r
 
 -- insert_log --
 INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import uuid
 
+import attrs
 import pytest
 
-from estafeta import Runtime, Saga, SagaStep, Service
+from brokers.publish import to_message
+from estafeta import Runtime, Saga, SagaStep, Service, deliver
 from sql import sagas
+from sql.outbox import OutboxRow
 
-from .probe_sagas import LOAN, TYPO, Loan
+from .probe import SERVICE
+from .probe_sagas import LOAN, TYPO, Loan, LoanStep
 from .shop import Courier
 
 
@@ -71,6 +75,50 @@ def test_a_choice_of_a_step_the_saga_does_not_have_fails_the_saga_with_the_reaso
     failed = sagas.get(conn, TYPO.table, saga_id)
     assert failed is not None and failed.status == "failed"
     assert failed.last_error == "approve: step approve chose 'disburse_now', which is not a step of the saga"
+
+
+def _step(name: str) -> SagaStep:
+    def do(state: object) -> LoanStep:
+        return LoanStep(state.data.loan_id, name)  # type: ignore[attr-defined]
+
+    def undo(state: object) -> LoanStep:
+        return LoanStep(state.data.loan_id, name, undo=True)  # type: ignore[attr-defined]
+
+    return SagaStep(name, action=do, compensation=undo)
+
+
+#: a chooses c, c chooses b, and b (no choice of its own) is followed in the list by c: done already.
+REVISIT = Saga(
+    "revisit",
+    service=SERVICE,
+    data=Loan,
+    key="loan_id",
+    steps=[
+        attrs.evolve(_step("a"), then=lambda s: "c"),
+        _step("b"),
+        attrs.evolve(_step("c"), then=lambda s: "b"),
+    ],
+)
+
+
+class ProbeCourier(Courier):
+    """The courier, delivering to every probe step (this module's saga's orchestrator included)."""
+
+    def deliver(self, row: OutboxRow) -> str:
+        return deliver(SERVICE.steps[row.actor_name], self.runtime, to_message(row))
+
+
+def test_a_step_without_a_choice_never_leads_back_to_a_step_done_already(runtime: Runtime, conn) -> None:
+    # a -> c -> b, then the list's next step after b is c, which ran already: the saga stops
+    # there, failed for an operator, instead of running c's action a second time.
+    loan = Loan(uuid.uuid4(), 800)
+    with runtime.database("probe").transaction() as tx:
+        saga_id = REVISIT.start(tx, loan)
+    ProbeCourier(runtime, conn).run()
+    assert ledger(conn, loan.loan_id) == [("a", "done"), ("c", "done"), ("b", "done")]
+    failed = sagas.get(conn, REVISIT.table, saga_id)
+    assert failed is not None and failed.status == "failed"
+    assert failed.last_error == "b: step b is followed by 'c', which this saga has done already"
 
 
 def _command(_state: object) -> object:
