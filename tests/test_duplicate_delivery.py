@@ -100,9 +100,8 @@ def original_in_flight(
     rt: Runtime, conn: psycopg.Connection[Any], message: Any
 ) -> tuple[threading.Thread, list[object]]:
     """Deliver ``message`` in a thread and return once it waits inside its step (its lock and inbox row held)."""
-    before = lock_waiters(conn)
     original = in_thread(lambda: deliver(CHARGE, rt, message))
-    wait_until(lambda: lock_waiters(conn) == before + 1, what="the original delivery to block inside its step")
+    wait_until(lambda: lock_waiters(conn) == 1, what="the original delivery to block inside its step")
     return original
 
 
@@ -117,7 +116,7 @@ def test_a_copy_delivered_while_the_original_is_in_flight_is_a_duplicate_once_it
         with account_row_locked(lock_tables, order_id):
             original, first = original_in_flight(rt, conn, message)
             copy, second = in_thread(lambda: deliver(CHARGE, rt, message))
-            # The copy waits for the original's transaction (not for a lock queue behind it).
+            # The copy waits for the original's transaction: it cannot know before whether it commits.
             wait_until(lambda: lock_waiters(conn) == 2, what="the copy to wait for the original")
         original.join(20)
         copy.join(20)
