@@ -1,7 +1,7 @@
 """``python -m bench.step_protocol``: a step's first round trip as a pipeline, beside one simple-protocol query.
 
 The statements of ``estafeta._step_tx.begin`` (count the delivery in a transaction of its
-own, ``BEGIN``, the inbox record, the PostgreSQL lock, the savepoint), on a schema with the
+own, ``BEGIN``, the inbox record with the PostgreSQL lock, the savepoint), on a schema with the
 ``_common`` migrations, are sent ``--steps`` times on one connection, alternately (two
 rounds each):
 
@@ -29,7 +29,7 @@ import psycopg
 
 from estafeta._locks import PostgresLocks
 from estafeta._step_tx import SAVEPOINT, begin
-from sql import migrate
+from sql import inbox, migrate
 from sql.queries import query
 
 from .common import describe, machine, scratch_database
@@ -45,21 +45,20 @@ Opening = Callable[[psycopg.Connection[Any], uuid.UUID, str], tuple[int, bool]]
 
 def pipeline(conn: psycopg.Connection[Any], message_id: uuid.UUID, key: str) -> tuple[int, bool]:
     """The first round trip as a step sends it: ``estafeta._step_tx.begin`` itself."""
-    opened = begin(conn, SCHEMA, CONSUMER, message_id, LOCKS.statement(key))
+    opened = begin(conn, SCHEMA, CONSUMER, message_id, key, lock_timeout_ms=LOCKS.timeout_ms)
     return opened.attempts, opened.first
 
 
 def simple(conn: psycopg.Connection[Any], message_id: uuid.UUID, key: str) -> tuple[int, bool]:
     """The same statements, bound on the client, in one simple-protocol message."""
     cur = psycopg.ClientCursor(conn)
-    params = {"consumer": CONSUMER, "message_id": message_id}
+    params = inbox.attempt_params(CONSUMER, message_id, LOCKS.timeout_ms)
     statements = [
         "BEGIN",
         cur.mogrify(query("count_attempt", SCHEMA), params),
         "COMMIT",
         "BEGIN",
-        cur.mogrify(query("record_inbox_forgetting_attempts", SCHEMA), params),
-        cur.mogrify(*LOCKS.statement(key)),
+        cur.mogrify(query("record_inbox_and_lock", SCHEMA), {**params, "key": key}),
         f"SAVEPOINT {SAVEPOINT}",
     ]
     cur.execute("; ".join(statements))

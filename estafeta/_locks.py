@@ -1,10 +1,12 @@
 """Locks that serialise steps on the same key (an order id, say).
 
 A step declared with ``lock=`` takes its lock inside its transaction, after the inbox
-check, and keeps it until the transaction has ended. The backend is chosen by
+check and only if the message is new (a duplicate is answered without waiting for the
+lock's holder), and keeps it until the transaction has ended. The backend is chosen by
 ``ESTAFETA_LOCK_URL``:
 
-- ``postgres``: ``pg_advisory_xact_lock`` in the step's own transaction. It dies with the
+- ``postgres``: ``pg_advisory_xact_lock`` in the step's own transaction, in the inbox
+  record's statement (``record_inbox_and_lock`` in ``sql/queries.sql``). It dies with the
   transaction (commit, rollback, a killed worker, ``pg_terminate_backend``), so it can
   never be held by someone who stopped working; no token is needed.
 - ``redis://...``: a lease on one Redis server or a Redlock quorum, whose fencing token
@@ -85,7 +87,11 @@ class PostgresLocks:
         self.timeout_ms = timeout_ms
 
     def statement(self, key: str) -> tuple[str, tuple[str, str]]:
-        """The one statement that sets the ``lock_timeout`` and takes the lock on ``key`` (for a pipeline)."""
+        """The one statement that sets the ``lock_timeout`` and takes the lock on ``key`` (for :meth:`hold`).
+
+        A step takes the same lock (the same hash of the same key) in its inbox statement,
+        ``record_inbox_and_lock``, for a new message only.
+        """
         # The volatile subquery is not flattened: the timeout is set before the lock is waited for.
         return (
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"

@@ -10,13 +10,19 @@ its work plus two. What the guarantees need is unchanged: the attempt is counted
 transaction committed before the work (asynchronously: see ``count_attempt`` in
 ``sql/queries.sql``), and the inbox record, the work, the outbox rows and the answer commit
 together, durably, before the message is acknowledged.
+
+A duplicate is answered by the first pipeline without waiting for the step's lock: the
+PostgreSQL lock is part of the inbox record's statement and taken only for a new message
+(``record_inbox_and_lock``). What a duplicate may wait for is a delivery of the same message
+still in its transaction (its outcome decides whether this one is a duplicate), at most the
+lock timeout; giving up then counts no delivery (the count's own transaction rolls back).
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -46,24 +52,33 @@ def begin(
     schema: str,
     consumer: str,
     message_id: uuid.UUID,
-    lock: tuple[str, Sequence[Any]] | None,
+    lock_key: str | None,
+    *,
+    lock_timeout_ms: int,
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
     ``conn`` must be an idle autocommit connection. On return it is inside the step's
-    transaction, after the inbox record (which forgot the count), the lock statement (if
-    given) and the savepoint. On an error (a lock not acquired in time) the transaction is
-    left for the caller to roll back; the count was committed before it.
+    transaction, after the inbox record (which forgot the count), the PostgreSQL lock on
+    ``lock_key`` (if given, and only if the message is new: a duplicate takes none) and the
+    savepoint. ``lock_timeout_ms`` bounds every wait: for a delivery of the same message
+    still in flight, then for the lock. On an error (``LockNotAvailable``) the transaction
+    is left for the caller to roll back; the count was committed before it, unless the
+    count itself gave up waiting.
     """
-    params = {"consumer": consumer, "message_id": message_id}
     with conn.pipeline():
         conn.execute("BEGIN")
-        counted = conn.execute(query("count_attempt", schema), params)
+        counted = conn.execute(
+            query("count_attempt", schema), inbox.attempt_params(consumer, message_id, lock_timeout_ms)
+        )
         conn.execute("COMMIT")
         conn.execute("BEGIN")
-        recorded = inbox.record_forgetting_attempts(conn, schema, consumer, message_id)
-        if lock is not None:
-            conn.execute(lock[0], lock[1])
+        if lock_key is None:
+            recorded = inbox.record_forgetting_attempts(conn, schema, consumer, message_id)
+        else:
+            recorded = inbox.record_and_lock(
+                conn, schema, consumer, message_id, lock_key, lock_timeout_ms=lock_timeout_ms
+            )
         conn.execute(f"SAVEPOINT {SAVEPOINT}")
     row = counted.fetchone()
     assert row is not None

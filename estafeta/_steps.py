@@ -1,7 +1,7 @@
 """Steps: a Dramatiq actor whose every message is one PostgreSQL transaction (``Service.step``).
 
 In that transaction, in this order: the inbox record (a duplicate stops here, changing
-nothing), the lock on the step's key, the step's own change, the messages it sends
+nothing and taking no lock), the lock on the step's key, the step's own change, the messages it sends
 (outbox rows) and its answer to a saga. The transaction runs *inside* the actor
 function, not in middleware hooks: a failed commit is a failed message, which Dramatiq
 retries, never an acknowledged one.
@@ -266,8 +266,9 @@ def _run(
     payload: dict[str, Any],
     seen: observe.Seen,
 ) -> Outcome:
-    # A PostgreSQL lock is one more statement of the first pipeline; a Redis lease is taken
-    # after it. Either is released after the transaction has ended, whichever way it ended.
+    # A PostgreSQL lock is part of the first pipeline's inbox statement, taken only for a new
+    # message; a Redis lease is taken after it, for a new message too: a duplicate never
+    # waits for the lock. Either is released after the transaction has ended, whichever way.
     in_transaction_lock = spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     with (
         contextlib.ExitStack() as after_transaction,
@@ -328,19 +329,26 @@ def _begin(
     command: Any,
     in_transaction_lock: bool,
 ) -> step_tx.Opened:
-    """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait."""
+    """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
+
+    A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
+    """
     if not in_transaction_lock:
-        return step_tx.begin(conn, spec.service, spec.actor_name, message_id, None)
+        timeout_ms = runtime.settings.lock_timeout_ms
+        return step_tx.begin(conn, spec.service, spec.actor_name, message_id, None, lock_timeout_ms=timeout_ms)
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
     try:
-        statement = runtime.locks.statement(spec.lock(command))
-        opened = step_tx.begin(conn, spec.service, spec.actor_name, message_id, statement)
+        key = spec.lock(command)
+        opened = step_tx.begin(
+            conn, spec.service, spec.actor_name, message_id, key, lock_timeout_ms=runtime.locks.timeout_ms
+        )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
         raise
-    # The wait includes the pipeline's other statements: a round trip, next to any real wait.
-    metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
+    if opened.first:
+        # The wait includes the pipeline's other statements: a round trip, next to any real wait.
+        metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
     return opened
 
 

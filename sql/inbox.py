@@ -26,17 +26,33 @@ def record(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id
     return cur.rowcount == 1
 
 
-def count_attempt(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> int:
+def count_attempt(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    consumer: str,
+    message_id: uuid.UUID,
+    *,
+    lock_timeout_ms: int | None = None,
+) -> int:
     """Count one more delivery attempt of ``message_id`` and return the total.
 
     Call it in a transaction of its own (or in autocommit), before the work: the count
     survives a worker that is killed. That transaction commits asynchronously
     (``synchronous_commit = off``): a database crash may lose the last counts, which only
-    delays parking a message that keeps killing its worker.
+    delays parking a message that keeps killing its worker. While another delivery of
+    the message is in its transaction, this waits for it to end, at most
+    ``lock_timeout_ms`` (``None``: no limit), then raises ``LockNotAvailable`` having
+    counted nothing.
     """
-    row = conn.execute(query("count_attempt", schema), {"consumer": consumer, "message_id": message_id}).fetchone()
+    row = conn.execute(query("count_attempt", schema), attempt_params(consumer, message_id, lock_timeout_ms)).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def attempt_params(consumer: str, message_id: uuid.UUID, lock_timeout_ms: int | None) -> dict[str, Any]:
+    """The parameters of ``count_attempt`` and ``record_inbox_and_lock`` (``None``: no lock timeout)."""
+    timeout = f"{lock_timeout_ms}ms" if lock_timeout_ms is not None else "0"
+    return {"consumer": consumer, "message_id": message_id, "lock_timeout": timeout}
 
 
 def record_forgetting_attempts(
@@ -49,6 +65,27 @@ def record_forgetting_attempts(
     return conn.execute(
         query("record_inbox_forgetting_attempts", schema), {"consumer": consumer, "message_id": message_id}
     )
+
+
+def record_and_lock(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    consumer: str,
+    message_id: uuid.UUID,
+    key: str,
+    *,
+    lock_timeout_ms: int,
+) -> psycopg.Cursor[Any]:
+    """:func:`record_forgetting_attempts`, then the advisory lock on ``key`` only if the record is new.
+
+    One statement; the cursor's rowcount is 1 for a new message (the lock is then held until
+    the transaction ends), 0 for a duplicate, which takes no lock and so never waits for
+    its holder. ``lock_timeout_ms`` bounds the wait for a delivery of the same message still
+    in flight and then for the lock (``LockNotAvailable``), and stays set for the rest of
+    the transaction. In pipeline mode the rowcount is known once the pipeline has synced.
+    """
+    params = {**attempt_params(consumer, message_id, lock_timeout_ms), "key": key}
+    return conn.execute(query("record_inbox_and_lock", schema), params)
 
 
 def forget_attempts(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> None:

@@ -135,9 +135,14 @@ ON CONFLICT DO NOTHING
 -- WAL flush of its own, because losing the last counts in a database crash only delays
 -- parking a message that keeps killing its worker by a few deliveries; the step's own
 -- transaction, which acknowledges nothing until it is durable, is never made asynchronous.
+-- A delivery of the same message still in its transaction has deleted the count row
+-- (record_inbox_*): this insert waits for it to end, then finds it committed (this copy is
+-- a duplicate) or rolled back. lock_timeout bounds that wait; a copy that gives up has
+-- counted nothing (the volatile subquery is evaluated before the insert can wait).
 INSERT INTO {schema}.inbox_attempts (consumer, message_id)
 SELECT %(consumer)s, %(message_id)s
-FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit
+FROM (SELECT set_config('synchronous_commit', 'off', true),
+             set_config('lock_timeout', %(lock_timeout)s, true)) AS asynchronous_commit
 ON CONFLICT (consumer, message_id)
     DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = now()
 RETURNING attempts
@@ -151,6 +156,26 @@ WITH forgotten AS (
 INSERT INTO {schema}.inbox (consumer, message_id)
 VALUES (%(consumer)s, %(message_id)s)
 ON CONFLICT DO NOTHING
+
+-- record_inbox_and_lock --
+-- record_inbox_forgetting_attempts, and the step's PostgreSQL lock taken for a first
+-- delivery only, in one statement: a row comes back if the message is new (and the lock
+-- is then held), none for a duplicate, which takes no lock and never waits for whoever
+-- holds the key. lock_timeout is set first (a materialized CTE the insert reads): it
+-- bounds the wait on a delivery of the same message still in flight (its uncommitted
+-- inbox row) and then the lock's, and stays set for the step's own row locks. The lock is
+-- PostgresLocks.statement's (estafeta/_locks.py): the same hash of the same key.
+WITH settings AS MATERIALIZED (SELECT set_config('lock_timeout', %(lock_timeout)s, true)),
+forgotten AS (
+    DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+),
+recorded AS (
+    INSERT INTO {schema}.inbox (consumer, message_id)
+    SELECT %(consumer)s, %(message_id)s FROM settings
+    ON CONFLICT DO NOTHING
+    RETURNING message_id
+)
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0)) FROM recorded
 
 -- forget_attempts --
 DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
