@@ -94,6 +94,11 @@ def publish(
     return ids
 
 
+def message_type(kind: type) -> str:
+    """The name an outbox row records for a message class: ``module.Class`` (``actors.orders.ConfirmOrder``)."""
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _write(
     conn: psycopg.Connection[Any],
     service: str,
@@ -126,5 +131,6 @@ def _write(
                 ordering_key=ordering_key,
                 saga_id=saga_id,
                 delay=delay or timedelta(0),
+                message_type=message_type(type(body)),
             ),
         )
