@@ -28,16 +28,22 @@ def outbox_group() -> None:
 
 @outbox_group.command("stats")
 @_service_option
+@click.option("--by-type", is_flag=True, help="One line per message type (command or event class) per service.")
 @_json_option
-def stats_command(services: tuple[str, ...], as_json: bool) -> None:
+def stats_command(services: tuple[str, ...], by_type: bool, as_json: bool) -> None:
     """What waits in each service's outbox, how long the oldest has waited, and why it is stuck.
 
     pending: not yet published (due, delayed or retrying); failed: out of attempts (see
     `estafeta outbox failed`); retrying: refused by the broker, waiting for another try;
     delayed: sent with a delay not yet over; blocked keys: ordering keys whose later
     rows wait behind a failed row; oldest wait: the longest any row that should be out
-    by now has waited.
+    by now has waited. With --by-type: pending and failed rows per message type, and when
+    the oldest row of the type was written; "(unknown)" counts rows written before the
+    outbox recorded types.
     """
+    if by_type:
+        _stats_by_type(services, as_json)
+        return
     runtime = current().runtime
     rows = {}
     for name in _services(services):
@@ -57,6 +63,31 @@ def stats_command(services: tuple[str, ...], as_json: bool) -> None:
             click.echo(f"{name}: oldest error: {s.oldest_error}")
     if any(s.failed for s in rows.values()):
         click.echo("failed rows: `estafeta outbox failed`; once the cause is fixed: `estafeta outbox retry --all`")
+
+
+#: How ``--by-type`` shows rows written before the outbox recorded types.
+UNKNOWN_TYPE = "(unknown)"
+
+
+def _stats_by_type(services: tuple[str, ...], as_json: bool) -> None:
+    runtime = current().runtime
+    found = []
+    for name in _services(services):
+        with runtime.database(name).connection() as conn:
+            found += [(name, s) for s in store.stats_by_type(conn, name)]
+    if as_json:
+        rows = [{"service": name, **_asdict(s), "message_type": s.message_type or UNKNOWN_TYPE} for name, s in found]
+        click.echo(json.dumps(rows, default=str))
+        return
+    width = max([len(s.message_type or UNKNOWN_TYPE) for _, s in found] + [4])
+    click.echo(f"{'service':<15}{'type':<{width + 2}}{'pending':>10}{'failed':>10}  oldest")
+    for name, s in found:
+        kind = s.message_type or UNKNOWN_TYPE
+        click.echo(
+            f"{name:<15}{kind:<{width + 2}}{s.pending:>10}{s.failed:>10}  {s.oldest_created_at:%Y-%m-%d %H:%M:%S%z}"
+        )
+    if not found:
+        click.echo("no rows in the outboxes")
 
 
 @outbox_group.command("failed")

@@ -49,7 +49,7 @@ from ._redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, re
 from ._relaying import build_relay
 from ._runtime import Runtime
 from ._saga import Saga, SagaTransition
-from ._saga_model import SagaError, SagaNotFound, SagaState, SagaStep
+from ._saga_model import NOTHING_TO_UNDO, SagaError, SagaNotFound, SagaState, SagaStep
 from ._settings import Settings
 from ._step_events import StepEvents
 from ._step_spec import StepSpec
@@ -61,6 +61,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "ANY",
+    "NOTHING_TO_UNDO",
     "NO_STREAM",
     "PROBLEM_JSON",
     "Address",

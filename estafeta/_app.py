@@ -182,7 +182,12 @@ class Service:
         return outbox.send(conn, command, service=self.name, router=self.router, **options)
 
     def publish(self, conn: psycopg.Connection[Any], event: Any, **options: Any) -> list[uuid.UUID]:
-        """Write ``event`` once for every step of the app subscribed to its type; return the message ids."""
+        """Write ``event`` once for every step of the app subscribed to its type; return the message ids.
+
+        An event no step subscribes to raises :class:`RoutingError` unless ``unheard_ok=True``
+        (see :func:`estafeta._outbox.publish`). Other options: ``ordering_key``, ``saga_id``,
+        ``options``, ``traceparent``.
+        """
         return outbox.publish(conn, event, service=self.name, router=self.router, **options)
 
     def _join(self, app: App) -> None:

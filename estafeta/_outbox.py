@@ -83,15 +83,36 @@ def publish(
     saga_id: uuid.UUID | None = None,
     options: Mapping[str, Any] | None = None,
     traceparent: str | None = None,
+    unheard_ok: bool = False,
 ) -> list[uuid.UUID]:
-    """Write ``event`` once for every step of ``router`` subscribed to its type; return the message ids."""
+    """Write ``event`` once for every step of ``router`` subscribed to its type; return the message ids.
+
+    Subscribers are found when the event is published, among the steps of the publishing
+    service's app and the apps it includes: one row per subscriber, nothing kept for a
+    subscriber declared later. An event no step subscribes to would be lost without a
+    trace, so it raises :class:`RoutingError` (rolling the caller's transaction back)
+    unless the publisher says it may go unheard (``unheard_ok=True``: then nothing is
+    written and ``[]`` is returned).
+    """
+    handlers = router.handlers(type(event))
+    if not handlers and not unheard_ok:
+        raise RoutingError(
+            f"publish() of {message_type(type(event))} by service {service}: no step subscribes to it in its app"
+            " (or the apps it includes), so it would reach no one; subscribe a step there, or pass"
+            " unheard_ok=True if the event may go unheard"
+        )
     ids = []
-    for handler in router.handlers(type(event)):
+    for handler in handlers:
         message_id = uuid.uuid4()
         to = Address(handler.actor_name, handler.queue_name)
         _write(conn, service, to, event, message_id, None, ordering_key, saga_id, options, traceparent)
         ids.append(message_id)
     return ids
+
+
+def message_type(kind: type) -> str:
+    """The name an outbox row records for a message class: ``module.Class`` (``actors.orders.ConfirmOrder``)."""
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _write(
@@ -126,5 +147,6 @@ def _write(
                 ordering_key=ordering_key,
                 saga_id=saga_id,
                 delay=delay or timedelta(0),
+                message_type=message_type(type(body)),
             ),
         )

@@ -67,6 +67,7 @@ from ._saga_model import (
     as_timedelta,
     following,
     taken,
+    uncompensated,
 )
 from ._step_spec import StepSpec
 from ._steps import REPLY_TO, Reply, StepContext
@@ -181,6 +182,11 @@ class Saga:
             raise ValueError(f"saga {self.name}: steps after compensation run in order, they cannot choose")
         if any(s.then is not None and s.action is None for s in self.steps):
             raise ValueError(f"saga {self.name}: a step without an action cannot choose the next one")
+        if (lacking := uncompensated(self.steps)) is not None:
+            raise ValueError(
+                f"saga {self.name}: step {lacking.name} has no compensation (every step needs one,"
+                " R-DIST-SAGA-X2); give it one, mark it retriable, or compensation=NOTHING_TO_UNDO"
+            )
 
     @property
     def reply_actor(self) -> str:

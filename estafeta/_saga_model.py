@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -29,6 +29,29 @@ class SagaStuck(SagaError):
 
     It is failed with the reason; once the cause is fixed, ``estafeta sagas resume`` retries it.
     """
+
+
+class NothingToUndo:
+    """The type of :data:`NOTHING_TO_UNDO`; it has one instance."""
+
+    def __repr__(self) -> str:
+        return "NOTHING_TO_UNDO"
+
+    def __bool__(self) -> bool:
+        # Falsy, like ``None``: the engine plans compensations only for steps whose
+        # compensation is truthy, so a marked step is never sent a compensation.
+        return False
+
+    def __call__(self, state: SagaState) -> NoReturn:
+        raise SagaError("a step marked NOTHING_TO_UNDO has no compensation command to build")
+
+
+#: A step's ``compensation`` when its action leaves nothing to undo (a notice, a check,
+#: the last step whose refusal changes nothing). The seeds' rule R-DIST-SAGA-X2 pairs
+#: every step with a compensation: a step that is neither ``retriable`` nor given a
+#: compensation is refused when the saga is declared, so "nothing to undo" is said here,
+#: on purpose, never left implicit. A marked step is never compensated.
+NOTHING_TO_UNDO = NothingToUndo()
 
 
 @attrs.frozen
@@ -55,7 +78,8 @@ class SagaStep:
     #: Builds the action command; ``None`` for a leading step the caller does itself in the
     #: transaction that starts the saga (placing the order).
     action: Callable[[SagaState], Any] | None = None
-    #: Builds the compensation command; ``None``: nothing to undo.
+    #: Builds the compensation command; :data:`NOTHING_TO_UNDO` when the action leaves
+    #: nothing to undo. Only a ``retriable`` step may leave it ``None`` (R-DIST-SAGA-X2).
     compensation: Callable[[SagaState], Any] | None = None
     #: Past the point of no return: never compensated; failing it fails the saga.
     retriable: bool = False
@@ -67,6 +91,11 @@ class SagaStep:
     #: result is in ``state.results``): a step's name, or ``None`` to complete the saga.
     #: Without it, the next step in the list follows. A step runs at most once per saga.
     then: Callable[[SagaState], str | None] | None = None
+
+
+def uncompensated(steps: Sequence[SagaStep]) -> SagaStep | None:
+    """The first step breaking R-DIST-SAGA-X2: neither retriable nor given a compensation (or the marker)."""
+    return next((s for s in steps if s.compensation is None and not s.retriable), None)
 
 
 def following(steps: Sequence[SagaStep], step: SagaStep, state: SagaState) -> SagaStep | None:

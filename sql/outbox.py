@@ -36,6 +36,8 @@ class OutgoingMessage:
     saga_id: uuid.UUID | None = None
     #: Not published before this much time has passed after the commit.
     delay: timedelta = timedelta(0)
+    #: What the message is: its command or event class, ``module.Class`` (``None``: unknown).
+    message_type: str | None = None
 
 
 @attrs.frozen
@@ -81,6 +83,7 @@ def insert(conn: psycopg.Connection[Any], schema: str, message: OutgoingMessage)
             "ordering_key": message.ordering_key,
             "saga_id": message.saga_id,
             "delay": message.delay,
+            "message_type": message.message_type,
             "channel": WAKE_CHANNEL,
             "schema_name": schema,
         },
@@ -201,3 +204,24 @@ def stats(conn: psycopg.Connection[Any], schema: str) -> OutboxStats:
         row = cur.fetchone()
     assert row is not None
     return OutboxStats(**row)
+
+
+@attrs.frozen
+class TypeStats:
+    """What waits in one outbox for one message type."""
+
+    #: The command or event class (``module.Class``); ``None`` for rows written before the
+    #: type was recorded.
+    message_type: str | None
+    #: Rows of the type not yet published, and rows out of attempts.
+    pending: int
+    failed: int
+    #: When the oldest row of the type still in the outbox was written.
+    oldest_created_at: datetime
+
+
+def stats_by_type(conn: psycopg.Connection[Any], schema: str) -> list[TypeStats]:
+    """What waits in ``schema``'s outbox, per message type, the types with the most rows first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("outbox_stats_by_type", schema))
+        return [TypeStats(**row) for row in cur.fetchall()]

@@ -5,10 +5,10 @@
 -- The row, and the NOTIFY that wakes the relays at commit, in one statement.
 WITH inserted AS (
     INSERT INTO {schema}.outbox
-        (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at)
+        (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at, message_type)
     VALUES
         (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
-         now() + %(delay)s::interval)
+         now() + %(delay)s::interval, %(message_type)s)
     RETURNING id
 )
 SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
@@ -123,6 +123,17 @@ SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
        (SELECT last_error FROM {schema}.outbox
         WHERE last_error IS NOT NULL ORDER BY id LIMIT 1) AS oldest_error
 FROM {schema}.outbox
+
+-- outbox_stats_by_type --
+-- outbox_stats per message type (NULL: rows written before the type was recorded), the
+-- types with the most waiting first. "Oldest" is when the oldest row of the type was written.
+SELECT message_type,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       min(created_at) AS oldest_created_at
+FROM {schema}.outbox
+GROUP BY message_type
+ORDER BY count(*) DESC, message_type NULLS LAST
 
 -- record_inbox --
 INSERT INTO {schema}.inbox (consumer, message_id)

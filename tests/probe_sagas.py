@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from estafeta import BusinessFailure, Saga, SagaState, SagaStep, StepContext
+from estafeta import NOTHING_TO_UNDO, BusinessFailure, Saga, SagaState, SagaStep, StepContext
 
 from .probe import SERVICE
 
@@ -70,8 +70,8 @@ TWICE = Saga(
     data=Probe,
     key="probe_id",
     steps=[
-        SagaStep("first", action=_once),
-        SagaStep("second", action=lambda s: Twice(_probe_id(s))),
+        SagaStep("first", action=_once, compensation=NOTHING_TO_UNDO),
+        SagaStep("second", action=lambda s: Twice(_probe_id(s)), compensation=NOTHING_TO_UNDO),
     ],
 )
 
@@ -159,6 +159,6 @@ TYPO = Saga(
     key="loan_id",
     steps=[
         SagaStep("approve", action=_do("approve"), compensation=_undo("approve"), then=lambda s: "disburse_now"),
-        SagaStep("disburse", action=_do("disburse")),
+        SagaStep("disburse", action=_do("disburse"), compensation=NOTHING_TO_UNDO),
     ],
 )

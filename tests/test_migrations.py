@@ -27,6 +27,7 @@ OUTBOX_COLUMNS = {
     "id": "bigint", "message_id": "uuid", "queue_name": "text", "actor_name": "text", "message": "jsonb",
     "ordering_key": "text", "saga_id": "uuid", "created_at": "timestamp with time zone",
     "available_at": "timestamp with time zone", "attempts": "integer", "last_error": "text", "status": "text",
+    "message_type": "text",
 }  # fmt: skip
 INBOX_COLUMNS = {"consumer": "text", "message_id": "uuid", "processed_at": "timestamp with time zone"}
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from estafeta import App, BusinessFailure, Saga, SagaStep, Service, StepContext
+from estafeta import NOTHING_TO_UNDO, App, BusinessFailure, Saga, SagaStep, Service, StepContext
 
 desk = Service("desk", migrations=Path(__file__).parent / "migrations")
 app = App("booking", services=[desk])
@@ -62,7 +62,10 @@ BOOKING = Saga(
     key="booking_id",
     steps=[
         SagaStep("book", compensation=lambda s: Cancel(s.data.booking_id)),  # done by book() below
-        SagaStep("charge", action=lambda s: Charge(s.data.booking_id, 100 * s.data.nights)),
+        # The last step: once it is done the saga is over, and a refused charge took nothing.
+        SagaStep(
+            "charge", action=lambda s: Charge(s.data.booking_id, 100 * s.data.nights), compensation=NOTHING_TO_UNDO
+        ),
     ],
 )
 
