@@ -26,11 +26,12 @@ system-deps:
 	scripts/system-deps.sh
 
 ## The documentation site in site/ (MkDocs, warnings are errors); docs-serve serves it on :8000.
+## NO_MKDOCS_2_WARNING: Material prints a banner about its maintenance (until 2027) on every build.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --clean
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean
 
 docs-serve: $(STAMP)
-	$(BIN)/mkdocs serve --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not integration"
