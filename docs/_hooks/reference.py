@@ -218,9 +218,10 @@ def commands(group: click.Group | None = None) -> list[CommandDoc]:
 
     def walk(command: click.Command, parent: click.Context | None, name: str) -> None:
         ctx = click.Context(command, info_name=name, parent=parent)
-        options = tuple(_option(p, ctx) for p in command.get_params(ctx) if p.name != "help")
+        options = tuple(_option(p, ctx) for p in command.get_params(ctx) if "--help" not in p.opts)
         usage = " ".join(command.collect_usage_pieces(ctx))
-        found.append(CommandDoc(ctx.command_path, f"{ctx.command_path} {usage}".strip(), command.help or "", options))
+        text = inspect.cleandoc(command.help or "").replace("\b\n", "")
+        found.append(CommandDoc(ctx.command_path, f"{ctx.command_path} {usage}".strip(), text, options))
         if isinstance(command, click.Group):
             for sub in sorted(command.list_commands(ctx)):
                 subcommand = command.get_command(ctx, sub)
@@ -234,12 +235,12 @@ def commands(group: click.Group | None = None) -> list[CommandDoc]:
 def _option(param: click.Parameter, ctx: click.Context) -> OptionDoc:
     names = ", ".join(f"`{n}`" for n in [*param.opts, *param.secondary_opts])
     variable = f"`{param.envvar}`" if isinstance(param.envvar, str) else ""
-    if isinstance(param, click.Argument):
-        help_text = getattr(param, "help", None) or f"argument {param.human_readable_name}"
-        return OptionDoc(f"`{param.human_readable_name}`", variable, "", help_text)
+    if isinstance(param, click.Argument):  # click arguments have no help: the command's help says what they are
+        return OptionDoc(f"`{param.human_readable_name}`", variable, "", "argument (see above)")
     help_text = getattr(param, "help", None) or ""
     default = param.get_default(ctx, call=False)
-    shown = "" if default in (None, (), False) or callable(default) else f"`{default}`"
+    unset = default in (None, (), False) or callable(default) or type(default).__name__ == "Sentinel"
+    shown = "" if unset else f"`{default}`"
     return OptionDoc(names, variable, shown, help_text)
 
 
