@@ -48,7 +48,6 @@ EXTERNAL = {"curl", "tansu", "sudo", "cd", "git"}
 #: one into a runnable block (an invisible set-up block, real arguments) or a quote of the
 #: code it sketches removes it from here.
 SKETCHES = {
-    ("docs/concepts/event-sourcing.md", "@attrs.define"),
     ("docs/concepts/event-sourcing.md", 'orders.load(conn, "order-42", version=3)  # after its third event'),
     ("docs/concepts/locks.md", "from estafeta import redis_lock"),
     ("docs/how-to/eventsourcing-library.md", "env = {"),
