@@ -4,20 +4,34 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test unit integration lint typecheck bench clean
+.PHONY: demo test unit integration lint typecheck bench clean docs docs-serve system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev,embedded,http,eventsourcing]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,http,eventsourcing,docs]'
 	touch $(STAMP)
 
 ## The main job: the order system end to end on an embedded PostgreSQL and the StubBroker.
 demo: $(STAMP)
 	$(BIN)/estafeta demo
 
-## The whole suite: lint, types, layering, unit and integration tests.
+## The whole suite: lint, types, layering, unit and integration tests (and the docs' code blocks).
+## As root it first installs the system packages the suite needs (make system-deps).
 test: $(STAMP) lint typecheck
+	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
 	$(BIN)/pytest
+
+## The Debian packages the suite needs that pip cannot install: Chromium, chromedriver, Prometheus.
+system-deps:
+	scripts/system-deps.sh
+
+## The documentation site in site/ (MkDocs, warnings are errors); docs-serve serves it on :8000.
+## NO_MKDOCS_2_WARNING: Material prints a banner about its maintenance (until 2027) on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not integration"
@@ -45,4 +59,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.http
 
 clean:
-	rm -rf $(VENV) .estafeta build *.egg-info
+	rm -rf $(VENV) .estafeta build site *.egg-info

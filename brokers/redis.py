@@ -129,8 +129,8 @@ class RedisPublisher:
         return (
             f'Redis at {where.get("host")}:{where.get("port")} persists nothing (appendonly no, save ""):'
             " a message the relay has published and deleted from the outbox lives only in Redis's memory"
-            " until a worker takes it, and a Redis restart loses it; turn on appendonly (see README.md,"
-            " 'Redis durability')"
+            " until a worker takes it, and a Redis restart loses it; turn on appendonly"
+            " (see docs/operations/hardening.md, 'Redis durability')"
         )
 
     def _unpack_size(self) -> int:

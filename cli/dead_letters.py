@@ -47,7 +47,7 @@ def dead_letters_group() -> None:
     help="Only dead letters in this status.",
 )
 @click.option("--group", help="Only the parked dead letters of this group (see `groups`).")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many.")
 @_json_option
 def list_command(services: tuple[str, ...], status: str, group: str | None, limit: int, as_json: bool) -> None:
     """Dead letters, newest first, with their group and reason."""

@@ -203,7 +203,9 @@ def _duplicates_counted() -> float:
 
 
 @click.command("demo")
-@click.option("--orders", "count", type=click.IntRange(1, 100_000), default=200, show_default=True)
+@click.option(
+    "--orders", "count", type=click.IntRange(1, 100_000), default=200, show_default=True, help="Orders to place."
+)
 @click.option(
     "--duplicate-every",
     type=click.IntRange(min=0),

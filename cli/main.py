@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from estafeta import EstafetaError
+from estafeta import EstafetaError, __version__
 from estafeta import _logs as logs
 
 from .context import ORDER_SYSTEM, AppContext
@@ -18,6 +18,7 @@ EXIT_FAILURE = 1
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="estafeta", message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.option(
     "--app",
@@ -42,7 +43,7 @@ def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> Non
 
     Runtime commands (migrate, relay, outbox, sagas, prune, dead-letters) work on any app; seed, orders, demo
     and ping belong to the order system, the default app. Configuration comes from
-    ESTAFETA_* environment variables (see README.md); the default is an embedded
+    ESTAFETA_* environment variables (see docs/reference/settings.md); the default is an embedded
     PostgreSQL and the in-memory StubBroker.
     """
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]

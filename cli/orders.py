@@ -48,7 +48,9 @@ def orders_group() -> None:
 @orders_group.command("place")
 @click.option("--customer", "customers", multiple=True, required=True, help="Customer id (repeatable: used in turn).")
 @click.option("--sku", "skus", multiple=True, required=True, help="SKU (repeatable: used in turn).")
-@click.option("--quantity", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--quantity", type=click.IntRange(min=1), default=1, show_default=True, help="Units of the SKU per order."
+)
 @click.option("--amount", type=click.IntRange(min=1), required=True, help="Amount to charge, in cents.")
 @click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True, help="Orders to place.")
 @click.option("--idempotency-key", "key", help="Placing twice with the same key places once (--count: KEY-1..KEY-N).")
@@ -234,7 +236,7 @@ def _print_counts(counts: dict[str, dict[str, int]], as_json: bool) -> None:
 
 @orders_group.command("list")
 @click.option("--status", type=click.Choice(["pending", "confirmed", "cancelled"]), help="Only orders in this status.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many.")
 @_json_option
 def list_command(status: str | None, limit: int, as_json: bool) -> None:
     """The newest orders first."""

@@ -92,7 +92,7 @@ def _stats_by_type(services: tuple[str, ...], as_json: bool) -> None:
 
 @outbox_group.command("failed")
 @_service_option
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="At most this many.")
 @_json_option
 def failed_command(services: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Rows that exhausted their publish attempts, with their last error (oldest first)."""
@@ -149,7 +149,7 @@ def _has_failed_row(runtime: Any, service: str, row_id: int) -> bool:
 
 @outbox_group.command("dead-letters")
 @_service_option
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many.")
 @_json_option
 def dead_letters_command(services: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Messages the workers refused (undecodable, invalid, failing every retry), newest first."""

@@ -50,8 +50,16 @@ def projections_group() -> None:
 @projections_group.command("run")
 @_service_option
 @click.option("--projection", "names", multiple=True, help="Only this projection (repeatable).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True)
-@click.option("--poll-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=500, show_default=True, help="Events applied per transaction."
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    help="Seconds between looks for new events when no NOTIFY wakes a projector.",
+)
 @click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus metrics on this port.")
 def run_command(
     services: tuple[str, ...], names: tuple[str, ...], batch_size: int, poll_interval: float, metrics_port: int | None
@@ -132,7 +140,9 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
 @projections_group.command("rebuild")
 @click.argument("name")
 @_service_option
-@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=1000, show_default=True, help="Events applied per transaction."
+)
 def rebuild_command(name: str, services: tuple[str, ...], batch_size: int) -> None:
     """Rebuild projection NAME side by side while the old one keeps answering, then switch over."""
     runtime = current().runtime

@@ -46,7 +46,7 @@ def sagas_group() -> None:
     help="Only sagas in this status.",
 )
 @click.option("--stuck", is_flag=True, help="Only live sagas past their deadline.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many.")
 @_kind_option
 @_json_option
 def list_command(status: str | None, stuck: bool, limit: int, kind: str | None, as_json: bool) -> None:

@@ -19,7 +19,7 @@ _NEEDS = ("fastapi", "uvicorn", "jinja2")
 
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="The port to listen on.")
 @click.option(
     "--allow-actions",
     is_flag=True,

@@ -57,6 +57,7 @@ from ._steps import Outcome, Reply, StepContext, deliver
 from ._testing import running
 from ._watchdog import Watchdog
 
+#: The version: its one source (``pyproject.toml`` reads it; ``estafeta --version`` prints it).
 __version__ = "0.2.0"
 
 __all__ = [

@@ -20,7 +20,8 @@ from ._errors import SettingsError
 #: A TOML file with the same settings (keys are the variable names without the
 #: ``ESTAFETA_`` prefix, lower-cased); the environment wins over it.
 CONFIG_FILE_VARIABLE = "ESTAFETA_CONFIG"
-#: The app the ``estafeta`` command works on (read by the CLI, not a runtime setting).
+#: The app the ``estafeta`` command works on (``--app``): a module defining an ``estafeta.App``
+#: (read by the CLI, not a runtime setting).
 APP_VARIABLE = "ESTAFETA_APP"
 
 _SERVICE_DSN = re.compile(r"^ESTAFETA_([A-Z][A-Z0-9_]*)_DATABASE_URL$")
@@ -65,13 +66,18 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 class Settings:
     """Everything estafeta reads from its environment, validated."""
 
-    #: A PostgreSQL DSN for every service, or ``embedded`` (a private pgserver in ``.estafeta/``).
+    #: A PostgreSQL DSN for every service, or ``embedded``: a private PostgreSQL (pgserver) in
+    #: ``.estafeta/pgdata``.
     database_url: str = "embedded"
-    #: Per-service overrides of ``database_url`` (``ESTAFETA_<SERVICE>_DATABASE_URL``).
+    #: A separate database for one service (``ESTAFETA_PAYMENTS_DATABASE_URL``), overriding
+    #: ``database_url`` for it.
     service_database_urls: Mapping[str, str] = attrs.field(factory=dict)
-    #: ``stub://``, ``amqp://user:pass@host:5672/vhost`` or ``redis://host:6379/0``.
+    #: ``stub://``, ``amqp://user:pass@host:5672/vhost``,
+    #: ``redis://host:6379/0[?namespace=prefix][&wait=N]`` (``wait``: replicas that must
+    #: acknowledge a batch) or ``kafka://host:9092[,host2:9092][?...]``.
     broker_url: str = "stub://"
-    #: ``postgres`` or one or more comma-separated ``redis://`` URLs (a Redlock quorum).
+    #: ``postgres`` (transaction-scoped locks) or one or more comma-separated ``redis://`` URLs
+    #: (several make a Redlock quorum).
     lock_url: str = "postgres"
     #: Rows the relay claims and publishes per round trip.
     relay_batch_size: int = 500
@@ -81,7 +87,9 @@ class Settings:
     relay_max_attempts: int = 5
     #: Dramatiq retries of a failing step (transient errors; business failures are not retried).
     max_retries: int = 10
+    #: Milliseconds before the first retry of a failing step (the backoff doubles per retry).
     min_backoff_ms: int = 500
+    #: The longest backoff between two retries of a step, in milliseconds.
     max_backoff_ms: int = 300_000
     #: Deliveries of one message (retries and redeliveries after a killed worker) before it is parked.
     max_deliveries: int = 25
@@ -94,28 +102,31 @@ class Settings:
     #: for a connection.
     pool_size: int = 10
     #: Seconds a saga waits for a step's reply before its watchdog re-sends the command
-    #: (steps may declare their own); kept in each saga's row when it starts.
+    #: (x2, x3 for later attempts; steps may declare their own); kept in each saga's row when it starts.
     saga_step_timeout: float = 30.0
     #: Seconds between the saga watchdog's looks for sagas past their deadline.
     saga_watch_interval: float = 1.0
     #: Seconds a live saga may stay in one state (re-sends are not progress) before the
     #: metrics count it as stuck (``estafeta_sagas_stuck``).
     saga_stuck_after: float = 300.0
-    #: ``text`` or ``json``: how ``dramatiq`` worker processes (and the CLI) write log lines.
+    #: ``text`` or ``json`` (one object per line): how ``dramatiq`` worker processes (and the CLI,
+    #: ``--log-format``) write log lines.
     log_format: str = "text"
     #: The port where each ``dramatiq`` command serves the Prometheus metrics of all its
     #: worker processes (``None``: no metrics server).
     metrics_port: int | None = None
     #: The address that metrics server listens on.
     metrics_host: str = "0.0.0.0"
-    #: How long the inbox remembers a processed message: a copy arriving later runs again.
-    #: Never shorter than ``dead_letter_retention``.
+    #: How long the inbox (and the delivery counts) remember a processed message: a copy
+    #: arriving later runs again. Never shorter than ``dead_letter_retention``. Durations:
+    #: ``7d``, ``12h``, ``30m``, ``45s`` (a bare number is seconds).
     inbox_retention: timedelta = timedelta(days=7)
-    #: How long dead letters are kept for an operator.
+    #: How long dead letters are kept for an operator (a dead letter's inbox record is kept as long).
     dead_letter_retention: timedelta = timedelta(days=7)
-    #: How long the fence row of a lock key nobody took since is kept.
+    #: How long the fence row of a lock key nobody took since is kept (keep it above ``lock_ttl_ms``).
     fence_retention: timedelta = timedelta(days=1)
-    #: How long the transition log of a completed or compensated saga is kept.
+    #: How long the transition log of a completed or compensated saga is kept (failed sagas
+    #: keep theirs; saga rows stay).
     saga_log_retention: timedelta = timedelta(days=30)
     #: How often each worker process prunes (``0``: never; ``estafeta prune`` still does).
     prune_interval: timedelta = timedelta(hours=1)
@@ -164,7 +175,7 @@ class Settings:
             elif suffix in _DURATIONS:
                 values[_DURATIONS[suffix]] = _duration(name, value)
             else:
-                raise SettingsError(name, "unknown setting (see the configuration table in README.md)")
+                raise SettingsError(name, "unknown setting (see docs/reference/settings.md)")
         settings = cls(**values, service_database_urls=overrides)
         if settings.max_backoff_ms < settings.min_backoff_ms:
             raise SettingsError("ESTAFETA_MAX_BACKOFF_MS", "must not be below ESTAFETA_MIN_BACKOFF_MS")

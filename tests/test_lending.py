@@ -1,4 +1,4 @@
-"""The README's event-sourced example (examples/lending): a step's events, inbox row and outbox row commit together.
+"""The docs' event-sourced example (examples/lending): a step's events, inbox row and outbox row commit together.
 
 Real PostgreSQL (a scratch database per test), the StubBroker for the broker. Single
 deliveries go through :func:`estafeta.deliver`, exactly what the worker's actor runs;
@@ -225,7 +225,7 @@ def _on_loan(conn: psycopg.Connection[Any]) -> dict[str, str]:
 
 
 def estafeta(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``estafeta --app examples.lending ARGS`` from the repository's root, as the README runs it."""
+    """``estafeta --app examples.lending ARGS`` from the repository's root, as the docs run it."""
     command = [str(BIN / "estafeta"), "--app", "examples.lending", *args]
     env = service_env(dsn, "stub://")
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -280,7 +280,7 @@ def test_the_readme_commands_run_it_on_rabbitmq_through_a_worker_killed_midway(
                 wait_until(
                     lambda: scalar(conn, "SELECT count(*) FROM reminders.inbox") == 10, timeout=60, what="reminders"
                 )
-                # The workers run the projection too (README: "Projectors also run in every dramatiq worker").
+                # The workers run the projection too (docs: "Projectors also run in every dramatiq worker").
                 wait_until(lambda: len(_on_loan(conn)) == 10, timeout=60, what="books_on_loan")
         lent = dict(
             conn.execute("SELECT stream_id, data->>'member' FROM lending.events WHERE type = 'BookLent'").fetchall()
@@ -294,18 +294,17 @@ def test_the_readme_commands_run_it_on_rabbitmq_through_a_worker_killed_midway(
         assert len(reasons) == 10 and all("is on loan to" in reason for reason in reasons), reasons
 
 
-def test_the_readme_quotes_the_example_as_it_is() -> None:
-    """Each Python block of the README's worked example is a verbatim piece of the example or of this file.
+def test_the_docs_quote_the_example_as_it_is() -> None:
+    """Each Python block of the worked example's page is a verbatim piece of the example or of this file.
 
-    Docstrings aside: the README quotes the code without them.
+    Docstrings aside: the page quotes the code without them.
     """
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### A worked example: an event-sourced service of your own\n", 1)[1].split("\n### ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    page = (ROOT / "docs" / "how-to" / "event-sourced-service.md").read_text()
+    blocks = re.findall(r"```python[^\n]*\n(.*?)```", page, re.DOTALL)
     assert len(blocks) >= 4
     quoted = [_without_docstrings(Path(lending_example.__file__)), _without_docstrings(Path(__file__))]
     for block in blocks:
-        assert any(block in source for source in quoted), f"the README's block is in neither file:\n{block}"
+        assert any(block in source for source in quoted), f"the page's block is in neither file:\n{block}"
 
 
 def _without_docstrings(path: Path) -> str:

@@ -1,8 +1,8 @@
 """The alert rules, the Prometheus example config and the Grafana dashboard shipped in ``ops/``.
 
 ``promtool`` (Debian's prometheus package) checks the files and runs the rules' unit tests;
-every metric the rules, the dashboard and the README name is one estafeta exports, and
-every metric estafeta exports is in the README's table.
+every metric the rules, the dashboard and the documentation name is one estafeta exports, and
+every metric estafeta exports is in the generated metrics reference.
 """
 
 from __future__ import annotations
@@ -82,18 +82,23 @@ def test_every_alert_has_a_unit_test() -> None:
     assert alerts == set(re.findall(r"alertname: (\w+)", tests))
 
 
-def test_the_rules_the_dashboard_and_the_readme_name_only_metrics_that_exist() -> None:
+def test_the_rules_the_dashboard_and_the_docs_name_only_metrics_that_exist() -> None:
     known = exported()
-    for path in (OPS / "prometheus" / "alerts.yml", OPS / "grafana" / "estafeta.json", ROOT / "README.md"):
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    for path in (OPS / "prometheus" / "alerts.yml", OPS / "grafana" / "estafeta.json", ROOT / "README.md", *pages):
         unknown = {name for name in named_in(path.read_text()) if family(name, known) is None}
         assert not unknown, f"{path.name} names metrics estafeta does not export: {sorted(unknown)}"
 
 
-def test_the_readme_documents_every_metric() -> None:
-    readme = (ROOT / "README.md").read_text()
-    known = exported()
-    table = {family(name, known) for name in re.findall(r"^\| `(estafeta_[a-z_]+)", readme, re.MULTILINE)}
-    assert known - table == set()
+def test_the_metrics_reference_documents_every_metric() -> None:
+    """The reference page's table is generated from the code: it lists every metric family exported."""
+    from .test_docs import reference
+
+    table = {
+        family(name, exported())
+        for name in re.findall(r"^\| `(estafeta_[a-z_]+)", reference().metrics_markdown(), re.M)
+    }
+    assert exported() - table == set()
 
 
 def test_the_dashboard_is_a_grafana_dashboard_with_a_query_in_every_panel() -> None:
