@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from estafeta import App, Runtime, SagaError, SagaNotFound
-from estafeta._dead_letters import replay
+from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
 from . import console_data
@@ -41,6 +41,8 @@ _HEADERS = {
 }
 
 
+#: Replay outcomes that leave a letter parked: the console's notice gives their reasons.
+_LEFT_PARKED = (ReplayOutcome.SKIPPED, ReplayOutcome.FAILED)
 _FORGED = "this form is stale or was not sent by this console: reload the page and try again"
 
 
@@ -136,7 +138,10 @@ class Console:
         counts: dict[str, int] = {}
         for outcome in done:
             counts[str(outcome.outcome)] = counts.get(str(outcome.outcome), 0) + 1
-        return _back("/console", "dead letters: " + ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+        # A letter left parked says why, so the operator need not go to the CLI to find out.
+        left = [f"#{r.letter.id}: {r.detail}" for r in done if r.outcome in _LEFT_PARKED][:3]
+        summary = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
+        return _back("/console", "dead letters: " + summary + "".join(f"; {why}" for why in left))
 
     def resume_saga(self, saga_id: str, form: Form) -> Response:
         """Resume the saga, as ``estafeta sagas resume`` does: its current step is sent again."""

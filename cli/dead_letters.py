@@ -158,7 +158,7 @@ def replay_command(
             why = f": {r.detail}" if r.detail else ""
             click.echo(f"{r.letter.service} #{r.letter.id} {r.letter.consumer}: {r.outcome}{new}{why}")
         click.echo(_summary(done))
-    if any(r.outcome is ReplayOutcome.SKIPPED for r in done):
+    if any(r.outcome in (ReplayOutcome.SKIPPED, ReplayOutcome.FAILED) for r in done):
         raise click.exceptions.Exit(1)
 
 
