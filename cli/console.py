@@ -11,10 +11,19 @@ same calls as ``estafeta outbox retry``, ``estafeta dead-letters replay --group`
 ``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
 forms carrying a token of this process (a page elsewhere cannot forge them), and pages
 forbid framing and scripts.
+
+With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actions) every
+console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,
+no script and no session to sign, and the form token is handed only to who gave it. Basic
+auth sends the password with each request: serve the console over TLS or on loopback only.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
+import logging
 import secrets
 import urllib.parse
 import uuid
@@ -24,12 +33,13 @@ import jinja2
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from estafeta import App, Runtime, SagaError, SagaNotFound
+from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
 from . import console_data
 
+logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), no scripts at all.
 _HEADERS = {
     "Content-Security-Policy": (
@@ -58,10 +68,13 @@ Form = Annotated[dict[str, str], Depends(form_fields)]
 class Console:
     """The console's routes for ``app``, reading through ``runtime``'s pools."""
 
-    def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False) -> None:
+    def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False, password: str | None = None) -> None:
+        if allow_actions and not password:
+            raise ValueError("the console's actions need an operator password (ESTAFETA_CONSOLE_PASSWORD)")
         self.app = app
         self.runtime = runtime
         self.allow_actions = allow_actions
+        self._password = password
         # Forms carry it; a POST without it is refused (cross-site request forgery).
         self.token = secrets.token_urlsafe(32)
         self.pages = jinja2.Environment(
@@ -69,7 +82,7 @@ class Console:
         )
         self.pages.filters["age"] = console_data.age
         #: The routes, for ``FastAPI.include_router``.
-        self.router = APIRouter(prefix="/console")
+        self.router = APIRouter(prefix="/console", dependencies=[Depends(self._operator)] if password else [])
         self.router.add_api_route("", self.overview, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/saga", self.find_saga, methods=["GET"])
         self.router.add_api_route("/sagas/{saga_id}", self.saga_page, methods=["GET"], response_class=HTMLResponse)
@@ -78,6 +91,25 @@ class Console:
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
             self.router.add_api_route("/sagas/{saga_id}/resume", self.resume_saga, methods=["POST"])
             self.router.add_api_route("/sagas/{saga_id}/abort", self.abort_saga, methods=["POST"])
+
+    def _operator(self, request: Request) -> str:
+        """The operator's user name, once the request carries the password (HTTP Basic auth); else 401."""
+        assert self._password is not None
+        scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+        try:
+            user, _, given = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            user, given = "", ""
+        # Constant time: how long the check takes says nothing about how much of the password matched.
+        if scheme.lower() == "basic" and hmac.compare_digest(given.encode(), self._password.encode()):
+            return user
+        logger.warning("console: %s %s refused: no valid operator password", request.method, request.url.path)
+        raise Problem(
+            "the console needs the operator's password (HTTP Basic auth; any user name)",
+            status=401,
+            title="Unauthorized",
+            headers={"WWW-Authenticate": 'Basic realm="estafeta console", charset="UTF-8"'},
+        )
 
     # -- pages ---------------------------------------------------------------------------
 
