@@ -12,13 +12,14 @@ from psycopg.types.json import Jsonb
 
 from actors.order_saga import ORDER_SAGA
 from brokers.publish import to_message
-from estafeta import Runtime, Watchdog, deliver
+from estafeta import Runtime, Settings, Watchdog, deliver
 from estafeta._dead_letters import groups, list_dead_letters, normalise, replay, show
 from tests.app import STEPS
 from tests.app import app as tests_app
 
 from .helpers import message_for, scalar, wait_until
 from .lock_steps import open_account
+from .services import scratch_database
 from .shop import Courier, place, saga, seed
 from .steps import Settle
 from .test_saga import CHARGE, _give_up_on_charge
@@ -193,38 +194,68 @@ def lock_waiter(conn, table: str) -> bool:
     )
 
 
-def test_a_saga_cannot_move_on_between_the_obsolescence_decision_and_the_replay(
-    runtime: Runtime, conn, database_url
-) -> None:
-    saga_id, _ = _charge_parked_while_locked(runtime, conn, database_url)
-    letter_id = int(scalar(conn, "SELECT id FROM payments.dead_letters"))
+def replay_while_its_saga_moves_on(
+    runtime: Runtime, saga_id: uuid.UUID, letters_url: str, sagas: psycopg.Connection[Any]
+) -> tuple[bool, list[Any]]:
+    """Replay the parked charge while another transaction moves its saga on; whether it moved first, the outcomes.
+
+    The test holds the letter: the replay has looked at the saga and waits. Then the saga
+    is resumed (a new version: the parked charge's answer would be stale). Deterministic:
+    each side is seen waiting (or done) in ``pg_stat_activity`` before the next one goes.
+    """
     outcomes: list[Any] = []
     replaying = threading.Thread(target=lambda: outcomes.extend(replay(runtime, tests_app, ["payments"])))
 
     def resume() -> None:
         with runtime.database("orders").transaction() as tx:
-            ORDER_SAGA.resume(tx, saga_id)  # a new version: the parked charge's answer would be stale
+            ORDER_SAGA.resume(tx, saga_id)
 
     moving_on = threading.Thread(target=resume)
-    with psycopg.connect(database_url) as holder:
-        # The replay has looked at the saga and waits for the letter (held here)...
-        holder.execute("SELECT 1 FROM payments.dead_letters WHERE id = %s FOR UPDATE", (letter_id,))
+    with psycopg.connect(letters_url) as holder, psycopg.connect(letters_url, autocommit=True) as letters:
+        holder.execute("SELECT 1 FROM payments.dead_letters FOR UPDATE")
         replaying.start()
-        wait_until(lambda: lock_waiter(conn, "dead_letters"), what="the replay waiting for the letter")
-        # ...when the saga moves on.
+        wait_until(lambda: lock_waiter(letters, "dead_letters"), what="the replay waiting for the letter")
         moving_on.start()
         wait_until(
-            lambda: not moving_on.is_alive() or lock_waiter(conn, "saga_order"),
+            lambda: not moving_on.is_alive() or lock_waiter(sagas, "saga_order"),
             what="the saga's transition, done or waiting for its lock",
         )
-        moved_while_deciding = not moving_on.is_alive()
+        moved_first = not moving_on.is_alive()
         holder.rollback()
     replaying.join(timeout=20)
     moving_on.join(timeout=20)
-    assert not moved_while_deciding, "the saga moved on while a replay that judged it still waiting was in progress"
+    return moved_first, outcomes
+
+
+def test_a_saga_cannot_move_on_between_the_obsolescence_decision_and_the_replay(
+    runtime: Runtime, conn, database_url
+) -> None:
+    saga_id, _ = _charge_parked_while_locked(runtime, conn, database_url)
+    moved_first, outcomes = replay_while_its_saga_moves_on(runtime, saga_id, database_url, conn)
+    assert not moved_first, "the saga moved on while a replay that judged it still waiting was in progress"
     # The replay committed first, as a command the saga waited for; the saga moved on after it.
     assert [str(o.outcome) for o in outcomes] == ["replayed"]
     assert saga(conn, saga_id).version == 2
+
+
+def test_the_saga_lock_holds_when_the_saga_lives_in_another_database(runtime: Runtime, conn, database_url) -> None:
+    with scratch_database() as payments_url:
+        split = Runtime(Settings(database_url=database_url, service_database_urls={"payments": payments_url}))
+        try:
+            split.migrate([s for s in tests_app.services if s.name == "payments"])
+            placed = place(split, "c1", "s1", 1, 3_000)
+            charge = to_message(Courier(split, conn).take(CHARGE))
+            message = {"args": list(charge.args), "kwargs": charge.kwargs, "options": charge.options}
+            with psycopg.connect(payments_url, autocommit=True) as payments:
+                payments.execute(
+                    "INSERT INTO payments.dead_letters (consumer, message_id, message, reason) VALUES (%s, %s, %s, %s)",
+                    (CHARGE, charge.message_id, Jsonb(message), "failed 4 times, last: OSError: disk full"),
+                )
+            moved_first, outcomes = replay_while_its_saga_moves_on(split, placed.saga_id, payments_url, conn)
+        finally:
+            split.close()
+    assert not moved_first and [str(o.outcome) for o in outcomes] == ["replayed"]
+    assert saga(conn, placed.saga_id).version == 2
 
 
 def test_show_names_a_dead_letter_that_is_not_there(runtime: Runtime) -> None:
