@@ -102,6 +102,8 @@ class Console:
             user, given = "", ""
         # Constant time: how long the check takes says nothing about how much of the password matched.
         if scheme.lower() == "basic" and hmac.compare_digest(given.encode(), self._password.encode()):
+            if request.method != "GET":  # who did what, for the morning after
+                logger.warning("console: %s %s by operator %r", request.method, request.url.path, user[:64])
             return user
         logger.warning("console: %s %s refused: no valid operator password", request.method, request.url.path)
         raise Problem(

@@ -242,6 +242,7 @@ def test_every_console_route_asks_for_the_operator_password_when_actions_are_all
     assert page.status_code == 200 and done.status_code == 303
     assert scalar(conn, "SELECT version FROM orders.saga_order") == 2
     assert "refused: no valid operator password" in log and PASSWORD not in log
+    assert f"POST /console/sagas/{saga_id}/resume by operator 'anyone'" in log
 
 
 def test_allow_actions_without_an_operator_password_refuses_to_start(database_url: str, tmp_path: Path) -> None:
