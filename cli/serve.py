@@ -72,35 +72,47 @@ def serve_command(
     POST /orders needs an Idempotency-Key header: the order, its saga, its first command
     and the key's record commit in one transaction. The OpenAPI document is at
     /openapi.json. The console at /console shows outboxes, dead letters and sagas; it
-    acts only with --allow-actions. Run several behind a load balancer for more.
+    acts only with --allow-actions, which needs the operator password
+    (ESTAFETA_CONSOLE_PASSWORD or ESTAFETA_CONSOLE_PASSWORD_FILE; asked by HTTP Basic auth).
+    --console-port serves the console on a listener of its own. Run several behind a load
+    balancer for more.
     """
     missing = _missing()
     if missing:
         raise click.UsageError(f"needs {', '.join(missing)}: pip install 'estafeta[http]'")
-    import uvicorn
+    context = current()
+    listener = _listener(context, allow_actions, port, console_port)
+    _check_migrated(context)
+    web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
+    console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
+    click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
+    _run(web, (host, port), (console_host, console_port), access_log)
 
+
+def _listener(context: AppContext, allow_actions: bool, port: int, console_port: int | None) -> WebListener:
+    """The console's listener and password; a usage error when actions have no password to guard them."""
     if console_port == port:
         raise click.BadParameter(
             f"{port} is also --port: give the console a port of its own", param_hint="--console-port"
         )
-    context = current()
     password = context.runtime.settings.console_password
     if allow_actions and not password:
         raise click.UsageError(
             "--allow-actions needs an operator password: set ESTAFETA_CONSOLE_PASSWORD"
             " (or ESTAFETA_CONSOLE_PASSWORD_FILE naming a file that holds it)"
         )
-    _check_migrated(context)
-    listener = WebListener(port=console_port, password=password)
-    web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
-    console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
-    click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
-    config = uvicorn.Config(web, host=host, port=port, access_log=access_log, log_level="info", server_header=False)
+    return WebListener(port=console_port, password=password)
+
+
+def _run(web: FastAPI, api: tuple[str, int], console: tuple[str, int | None], access_log: bool) -> None:
+    """Serve ``web`` on uvicorn until SIGTERM: on ``api``, and on ``console`` when it has a port."""
+    import uvicorn
+
+    config = uvicorn.Config(web, host=api[0], port=api[1], access_log=access_log, log_level="info", server_header=False)
     sockets = None
-    if console_port is not None:
+    if console[1] is not None:
         # One server, two listeners: the console's requests are told apart by the port they came in on.
-        console_config = uvicorn.Config(web, host=console_host, port=console_port)
-        sockets = [config.bind_socket(), console_config.bind_socket()]
+        sockets = [config.bind_socket(), uvicorn.Config(web, host=console[0], port=console[1]).bind_socket()]
     uvicorn.Server(config).run(sockets=sockets)
 
 
