@@ -11,10 +11,19 @@ same calls as ``estafeta outbox retry``, ``estafeta dead-letters replay --group`
 ``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
 forms carrying a token of this process (a page elsewhere cannot forge them), and pages
 forbid framing and scripts.
+
+With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actions) every
+console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,
+no script and no session to sign, and the form token is handed only to who gave it. Basic
+auth sends the password with each request: serve the console over TLS or on loopback only.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
+import logging
 import secrets
 import urllib.parse
 import uuid
@@ -24,12 +33,13 @@ import jinja2
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from estafeta import App, Runtime, SagaError, SagaNotFound
-from estafeta._dead_letters import replay
+from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
+from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
 from . import console_data
 
+logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), no scripts at all.
 _HEADERS = {
     "Content-Security-Policy": (
@@ -41,6 +51,8 @@ _HEADERS = {
 }
 
 
+#: Replay outcomes that leave a letter parked: the console's notice gives their reasons.
+_LEFT_PARKED = (ReplayOutcome.SKIPPED, ReplayOutcome.FAILED)
 _FORGED = "this form is stale or was not sent by this console: reload the page and try again"
 
 
@@ -56,10 +68,13 @@ Form = Annotated[dict[str, str], Depends(form_fields)]
 class Console:
     """The console's routes for ``app``, reading through ``runtime``'s pools."""
 
-    def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False) -> None:
+    def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False, password: str | None = None) -> None:
+        if allow_actions and not password:
+            raise ValueError("the console's actions need an operator password (ESTAFETA_CONSOLE_PASSWORD)")
         self.app = app
         self.runtime = runtime
         self.allow_actions = allow_actions
+        self._password = password
         # Forms carry it; a POST without it is refused (cross-site request forgery).
         self.token = secrets.token_urlsafe(32)
         self.pages = jinja2.Environment(
@@ -67,7 +82,7 @@ class Console:
         )
         self.pages.filters["age"] = console_data.age
         #: The routes, for ``FastAPI.include_router``.
-        self.router = APIRouter(prefix="/console")
+        self.router = APIRouter(prefix="/console", dependencies=[Depends(self._operator)] if password else [])
         self.router.add_api_route("", self.overview, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/saga", self.find_saga, methods=["GET"])
         self.router.add_api_route("/sagas/{saga_id}", self.saga_page, methods=["GET"], response_class=HTMLResponse)
@@ -76,6 +91,27 @@ class Console:
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
             self.router.add_api_route("/sagas/{saga_id}/resume", self.resume_saga, methods=["POST"])
             self.router.add_api_route("/sagas/{saga_id}/abort", self.abort_saga, methods=["POST"])
+
+    def _operator(self, request: Request) -> str:
+        """The operator's user name, once the request carries the password (HTTP Basic auth); else 401."""
+        assert self._password is not None
+        scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+        try:
+            user, _, given = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            user, given = "", ""
+        # Constant time: how long the check takes says nothing about how much of the password matched.
+        if scheme.lower() == "basic" and hmac.compare_digest(given.encode(), self._password.encode()):
+            if request.method != "GET":  # who did what, for the morning after
+                logger.warning("console: %s %s by operator %r", request.method, request.url.path, user[:64])
+            return user
+        logger.warning("console: %s %s refused: no valid operator password", request.method, request.url.path)
+        raise Problem(
+            "the console needs the operator's password (HTTP Basic auth; any user name)",
+            status=401,
+            title="Unauthorized",
+            headers={"WWW-Authenticate": 'Basic realm="estafeta console", charset="UTF-8"'},
+        )
 
     # -- pages ---------------------------------------------------------------------------
 
@@ -136,7 +172,10 @@ class Console:
         counts: dict[str, int] = {}
         for outcome in done:
             counts[str(outcome.outcome)] = counts.get(str(outcome.outcome), 0) + 1
-        return _back("/console", "dead letters: " + ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+        # A letter left parked says why, so the operator need not go to the CLI to find out.
+        left = [f"#{r.letter.id}: {r.detail}" for r in done if r.outcome in _LEFT_PARKED][:3]
+        summary = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
+        return _back("/console", "dead letters: " + summary + "".join(f"; {why}" for why in left))
 
     def resume_saga(self, saga_id: str, form: Form) -> Response:
         """Resume the saga, as ``estafeta sagas resume`` does: its current step is sent again."""

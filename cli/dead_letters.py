@@ -138,7 +138,10 @@ def replay_command(
     a new message id (the original is kept as the replay_of option), so the inbox that
     recorded the original does not swallow it. A dead letter is replayed once: replaying
     it again does nothing. A saga command whose saga no longer waits for it is marked
-    obsolete instead (to retry a failed saga's step: `estafeta sagas resume`).
+    obsolete instead (to retry a failed saga's step: `estafeta sagas resume`), decided
+    under the saga's lock. A letter that cannot be replayed (no step for it, a malformed
+    saga reference, an error while writing it) is left parked, its line saying why, and
+    the others are replayed; the exit code is then 1.
     """
     if sum((bool(letter_ids), group is not None, replay_all)) != 1:
         raise click.UsageError("give LETTER_IDS, --group GROUP or --all (one of them)")
@@ -158,7 +161,7 @@ def replay_command(
             why = f": {r.detail}" if r.detail else ""
             click.echo(f"{r.letter.service} #{r.letter.id} {r.letter.consumer}: {r.outcome}{new}{why}")
         click.echo(_summary(done))
-    if any(r.outcome is ReplayOutcome.SKIPPED for r in done):
+    if any(r.outcome in (ReplayOutcome.SKIPPED, ReplayOutcome.FAILED) for r in done):
         raise click.exceptions.Exit(1)
 
 

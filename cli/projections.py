@@ -61,8 +61,14 @@ def projections_group() -> None:
     help="Seconds between looks for new events when no NOTIFY wakes a projector.",
 )
 @click.option("--metrics-port", type=click.IntRange(min=1, max=65535), help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address the metrics server listens on.")
 def run_command(
-    services: tuple[str, ...], names: tuple[str, ...], batch_size: int, poll_interval: float, metrics_port: int | None
+    services: tuple[str, ...],
+    names: tuple[str, ...],
+    batch_size: int,
+    poll_interval: float,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Tail the event log into every projection until SIGTERM; one projector per projection at a time.
 
@@ -76,7 +82,7 @@ def run_command(
         missing = sorted(unknown)[0] if unknown else ""
         raise click.BadParameter(f"no projection {missing!r} to run", param_hint="--projection")
     if metrics_port:
-        start_http_server(metrics_port)
+        start_http_server(metrics_port, addr=metrics_host)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

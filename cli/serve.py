@@ -6,6 +6,7 @@ import importlib
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+import attrs
 import click
 
 from .context import AppContext, current
@@ -23,7 +24,16 @@ _NEEDS = ("fastapi", "uvicorn", "jinja2")
 @click.option(
     "--allow-actions",
     is_flag=True,
-    help="Let the console retry failed outbox rows and resume or abort sagas (read-only without it).",
+    help="Let the console retry failed outbox rows, replay dead letters and resume or abort sagas (read-only"
+    " without it); needs ESTAFETA_CONSOLE_PASSWORD or ESTAFETA_CONSOLE_PASSWORD_FILE.",
+)
+@click.option(
+    "--console-port",
+    type=click.IntRange(1, 65535),
+    help="Serve the console on a listener of its own, on this port: --port then serves no /console.",
+)
+@click.option(
+    "--console-host", default="127.0.0.1", show_default=True, help="Address the console's own listener listens on."
 )
 @click.option(
     "--idempotency-ttl",
@@ -50,6 +60,8 @@ def serve_command(
     host: str,
     port: int,
     allow_actions: bool,
+    console_port: int | None,
+    console_host: str,
     idempotency_ttl: float,
     client_header: str,
     prune_interval: float,
@@ -60,22 +72,65 @@ def serve_command(
     POST /orders needs an Idempotency-Key header: the order, its saga, its first command
     and the key's record commit in one transaction. The OpenAPI document is at
     /openapi.json. The console at /console shows outboxes, dead letters and sagas; it
-    acts only with --allow-actions. Run several behind a load balancer for more.
+    acts only with --allow-actions, which needs the operator password
+    (ESTAFETA_CONSOLE_PASSWORD or ESTAFETA_CONSOLE_PASSWORD_FILE; asked by HTTP Basic auth).
+    --console-port serves the console on a listener of its own. Run several behind a load
+    balancer for more.
     """
     missing = _missing()
     if missing:
         raise click.UsageError(f"needs {', '.join(missing)}: pip install 'estafeta[http]'")
+    context = current()
+    listener = _listener(context, allow_actions, port, console_port)
+    _check_migrated(context)
+    web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
+    console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
+    click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
+    _run(web, (host, port), (console_host, console_port), access_log)
+
+
+def _listener(context: AppContext, allow_actions: bool, port: int, console_port: int | None) -> WebListener:
+    """The console's listener and password; a usage error when actions have no password to guard them."""
+    if console_port == port:
+        raise click.BadParameter(
+            f"{port} is also --port: give the console a port of its own", param_hint="--console-port"
+        )
+    password = context.runtime.settings.console_password
+    if allow_actions and not password:
+        raise click.UsageError(
+            "--allow-actions needs an operator password: set ESTAFETA_CONSOLE_PASSWORD"
+            " (or ESTAFETA_CONSOLE_PASSWORD_FILE naming a file that holds it)"
+        )
+    return WebListener(port=console_port, password=password)
+
+
+def _run(web: FastAPI, api: tuple[str, int], console: tuple[str, int | None], access_log: bool) -> None:
+    """Serve ``web`` on uvicorn until SIGTERM: on ``api``, and on ``console`` when it has a port."""
     import uvicorn
 
-    context = current()
-    _check_migrated(context)
-    web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval)
-    click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: /console)", err=True)
-    uvicorn.run(web, host=host, port=port, access_log=access_log, log_level="info", server_header=False)
+    config = uvicorn.Config(web, host=api[0], port=api[1], access_log=access_log, log_level="info", server_header=False)
+    sockets = None
+    if console[1] is not None:
+        # One server, two listeners: the console's requests are told apart by the port they came in on.
+        sockets = [config.bind_socket(), uvicorn.Config(web, host=console[0], port=console[1]).bind_socket()]
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+@attrs.frozen
+class WebListener:
+    """Who may reach the console: its own port (``None``: the API's), and the operator's password."""
+
+    port: int | None = None
+    password: str | None = attrs.field(default=None, repr=False)
 
 
 def build(
-    context: AppContext, allow_actions: bool, ttl: timedelta, client_header: str, prune_interval: float
+    context: AppContext,
+    allow_actions: bool,
+    ttl: timedelta,
+    client_header: str,
+    prune_interval: float,
+    listener: WebListener | None = None,
 ) -> FastAPI:
     """The ASGI app: the order API when the app is the order system, /health and the console always."""
     from .web import WebOptions, create_app
@@ -88,7 +143,13 @@ def build(
         api = OrderApi(runtime, ApiOptions(idempotency_ttl=ttl, client_header=client_header))
         routers.append(api.router)
         pruners.append(lambda: api.keys.prune(runtime))
-    options = WebOptions(allow_actions=allow_actions, prune_interval=prune_interval)
+    listener = listener or WebListener()
+    options = WebOptions(
+        allow_actions=allow_actions,
+        prune_interval=prune_interval,
+        console_password=listener.password,
+        console_port=listener.port,
+    )
     return create_app(context.app, runtime, options, routers=routers, pruners=pruners)
 
 

@@ -60,6 +60,11 @@ class WebOptions:
     allow_actions: bool = False
     #: Seconds between passes deleting expired Idempotency-Key records (in batches).
     prune_interval: float = 300.0
+    #: The operator's password the console asks for (HTTP Basic auth); required with ``allow_actions``.
+    console_password: str | None = attrs.field(default=None, repr=False)
+    #: The port of the console's own listener: requests there reach only the console (and
+    #: ``/health``), requests elsewhere never reach it. ``None``: one listener serves all.
+    console_port: int | None = None
 
 
 def create_app(
@@ -82,7 +87,10 @@ def create_app(
     web.include_router(health_router(app, runtime))
     for router in routers:
         web.include_router(router)
-    web.include_router(Console(app, runtime, allow_actions=options.allow_actions).router, include_in_schema=False)
+    console = Console(app, runtime, allow_actions=options.allow_actions, password=options.console_password)
+    web.include_router(console.router, include_in_schema=False)
+    if options.console_port is not None:
+        web.add_middleware(ConsoleListener, port=options.console_port)
     web.openapi = lambda: _openapi(web)  # type: ignore[method-assign]
     return web
 
@@ -158,6 +166,25 @@ class BodyLimit:
 
     def _too_large(self) -> Problem:
         return Problem(f"the request body is over {self.limit} bytes", status=413, title="Content Too Large")
+
+
+class ConsoleListener:
+    """ASGI middleware: the console answers only on its own port, and that port serves nothing else but /health."""
+
+    def __init__(self, app: ASGIApp, *, port: int) -> None:
+        self.app = app
+        self.port = port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request for the other listener's routes is answered 404, as a route that is not there."""
+        if scope["type"] == "http" and scope["path"] != "/health":
+            on_console_port = (scope.get("server") or ("", None))[1] == self.port
+            for_console = scope["path"] == "/console" or scope["path"].startswith("/console/")
+            if on_console_port != for_console:
+                problem = Problem(f"no route {scope['path']} on this port", status=404, title="Not Found")
+                await problem_response(problem, scope["path"])(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def health_router(app: App, runtime: Runtime) -> APIRouter:

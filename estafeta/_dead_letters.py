@@ -12,30 +12,47 @@ does not swallow it, and the relay publishes it like any other row. A dead lette
 replayed once: replaying it (or its group) again does nothing. A saga command whose saga
 no longer waits for it (it has compensated, failed, or moved on) is marked ``obsolete``
 instead: its answer would only be stale (``estafeta sagas resume`` is the way to retry a
-failed saga's step). The CLI (``estafeta dead-letters``) and the HTTP console call this.
+failed saga's step). That decision is taken holding the saga's row lock, which is kept
+until the replay has committed: the saga cannot move on between the two.
+
+One letter never stops a replay of many: a letter that cannot be replayed as it stands
+(its saga reference is malformed) or whose replay fails is reported with the reason as
+its outcome, left parked, and the others are replayed; only an outage (a database that
+does not answer) stops the loop. The CLI (``estafeta dead-letters``) and the HTTP console
+call this.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
+import logging
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import psycopg
 
 from sql import dead_letters as store
 from sql import outbox as outbox_store
+from sql import sagas as saga_store
+from sql.errors import DatabaseUnavailable
 
 from . import _tracing as tracing
 from ._runtime import Runtime
 from ._steps import REPLY_TO
 
 if TYPE_CHECKING:
+    from sql.sagas import SagaRow
+
     from ._app import App
+    from ._saga import Saga
+
+logger = logging.getLogger(__name__)
 
 #: Options Dramatiq and its brokers set while delivering: a replay starts afresh without them.
 _DELIVERY_OPTIONS = frozenset({"retries", "traceback", "redis_message_id", "eta"})
@@ -143,8 +160,11 @@ class ReplayOutcome(enum.StrEnum):
     REPLAYED = "replayed"
     #: A saga command its saga no longer waits for: marked obsolete, not sent.
     OBSOLETE = "obsolete"
-    #: No step of the app handles it, or its saga kind is unknown: left parked.
+    #: No step of the app handles it, its saga kind is unknown, or its saga reference is
+    #: malformed: left parked.
     SKIPPED = "skipped"
+    #: Replaying it raised (the reason is the outcome's detail): left parked, the others go on.
+    FAILED = "failed"
     #: Resolved before (a second replay): nothing done.
     ALREADY_REPLAYED = "already replayed"
     ALREADY_OBSOLETE = "already obsolete"
@@ -234,40 +254,57 @@ def replay(
     """Replay dead letters of ``services``: ``ids``, or the parked ones of ``group``, or every parked one.
 
     Each in a transaction of its own (see the module's docstring); with ``dry_run``,
-    nothing is written and the outcomes say what would be done.
+    nothing is written and the outcomes say what would be done. A letter that cannot be
+    replayed is one outcome (``skipped`` or ``failed``, with the reason), never an
+    exception; only :class:`DatabaseUnavailable` (an outage) stops the loop.
     """
     if ids is not None:
         chosen = [(_locate(runtime, services, letter_id)[0], letter_id) for letter_id in ids]
     else:
         chosen = [(g.service, i) for g in groups(runtime, services) if group in (None, g.group) for i in g.ids]
-    return [_replay_one(runtime, app, service, letter_id, dry_run) for service, letter_id in chosen]
+    done = (_replay_guarded(runtime, app, service, letter_id, dry_run) for service, letter_id in chosen)
+    return [outcome for outcome in done if outcome is not None]
 
 
-def _replay_one(runtime: Runtime, app: App, service: str, letter_id: int, dry_run: bool) -> Replayed:
-    database = runtime.database(service)
-    with database.connection() as conn:
+def _replay_guarded(runtime: Runtime, app: App, service: str, letter_id: int, dry_run: bool) -> Replayed | None:
+    """One letter's outcome (``None`` if it was deleted meanwhile); its own failure is its outcome."""
+    with runtime.database(service).connection() as conn:
         seen = store.get(conn, service, letter_id)
-    assert seen is not None
-    # The saga lives in its orchestrator's database: read it before holding anything here.
-    skip, moved_on = _unreplayable(app, seen), _moved_on(runtime, app, seen)
-    with database.transaction() as conn:
-        row = store.get(conn, service, letter_id, lock=True)
-        assert row is not None
+    if seen is None:
+        return None
+    try:
+        return _replay_one(runtime, app, service, seen, dry_run)
+    except DatabaseUnavailable:
+        raise
+    except Exception as exc:  # this letter's fault, not the loop's: report it, replay the others
+        why = f"{type(exc).__name__}: {exc}"
+        logger.warning("dead letter %d of %s (%s) not replayed: %s", letter_id, service, seen.consumer, why)
+        return Replayed(DeadLetter.of(service, seen), ReplayOutcome.FAILED, detail=why)
+
+
+def _replay_one(runtime: Runtime, app: App, service: str, seen: store.DeadLetterRow, dry_run: bool) -> Replayed:
+    skip = _unreplayable(app, seen)
+    waiting = None if skip else _saga_of(app, seen)
+    with _saga_locked(runtime, service, waiting) as (conn, saga_row):
+        row = store.get(conn, service, seen.id, lock=True)
+        if row is None:
+            raise LookupError(f"dead letter {seen.id} of {service} was deleted during its replay")
         letter = DeadLetter.of(service, row)
         if row.status != "parked":
             return Replayed(letter, ReplayOutcome(f"already {row.status}"), row.replayed_as, row.note)
         if skip:
             return Replayed(letter, ReplayOutcome.SKIPPED, detail=skip)
+        moved_on = _moved_on(waiting[0], waiting[1], saga_row, row) if waiting else None
         if moved_on:
             if not dry_run:
-                store.resolve(conn, service, letter_id, "obsolete", note=moved_on)
+                store.resolve(conn, service, row.id, "obsolete", note=moved_on)
             return Replayed(
                 letter, ReplayOutcome.WOULD_BE_OBSOLETE if dry_run else ReplayOutcome.OBSOLETE, None, moved_on
             )
         if dry_run:
             return Replayed(letter, ReplayOutcome.WOULD_REPLAY)
         message_id = _send_again(conn, app, service, row)
-        store.resolve(conn, service, letter_id, "replayed", replayed_as=message_id)
+        store.resolve(conn, service, row.id, "replayed", replayed_as=message_id)
     return Replayed(
         DeadLetter.of(service, attrs.evolve(row, status="replayed", replayed_as=message_id)),
         ReplayOutcome.REPLAYED,
@@ -275,38 +312,87 @@ def _replay_one(runtime: Runtime, app: App, service: str, letter_id: int, dry_ru
     )
 
 
+@contextlib.contextmanager
+def _saga_locked(
+    runtime: Runtime, service: str, waiting: tuple[Saga, uuid.UUID] | None
+) -> Iterator[tuple[psycopg.Connection[Any], SagaRow | None]]:
+    """A transaction on ``service``'s database, holding the row lock of the saga ``waiting`` (if any) until it commits.
+
+    The saga's row is locked first, then the letter: the obsolescence decision and the
+    replay happen while no reply, watchdog or operator can move the saga on. When the
+    saga lives in another database, its lock is held in a transaction there that ends
+    after the replay's own commit.
+    """
+    database = runtime.database(service)
+    if waiting is None:
+        with database.transaction() as conn:
+            yield conn, None
+        return
+    saga, saga_id = waiting
+    saga_database = runtime.database(saga.service)
+    with saga_database.transaction() as saga_conn:
+        saga_row = saga_store.lock(saga_conn, saga.table, saga_id)
+        if saga_database is database:
+            yield saga_conn, saga_row
+            return
+        with database.transaction() as conn:
+            yield conn, saga_row
+
+
 def _reply_context(row: store.DeadLetterRow) -> dict[str, Any]:
-    options = row.message.get("options") or {}
-    reply_to = options.get(REPLY_TO) or {}
-    return dict(reply_to.get("context") or {})
+    """The ``reply_to`` context of the letter's message (empty if none); ``ValueError`` if it is malformed."""
+    found: Any = row.message
+    path = "message"
+    for key in ("options", REPLY_TO, "context"):
+        if not isinstance(found, dict):
+            raise ValueError(f"its {path} is not a JSON object")
+        found = found.get(key) or {}
+        path = key if path == "message" else f"{path}.{key}"
+    if not isinstance(found, dict):
+        raise ValueError(f"its {path} is not a JSON object")
+    return dict(found)
 
 
 def _unreplayable(app: App, row: store.DeadLetterRow) -> str | None:
-    """Why the dead letter cannot be replayed through ``app`` at all (left parked), if it cannot."""
+    """Why the dead letter cannot be replayed through ``app`` as it stands (left parked), if it cannot."""
     if row.consumer not in app.steps:
         return f"no step {row.consumer} in app {app.name} (renamed? run with the app that has it)"
-    kind = _reply_context(row).get("saga")
-    if kind is not None and kind not in {saga.name for saga in app.sagas}:
+    try:
+        context = _reply_context(row)
+    except ValueError as exc:
+        return f"malformed: {exc}"
+    kind = context.get("saga")
+    if kind is None:
+        return None
+    if kind not in {saga.name for saga in app.sagas}:
         return f"its saga kind {kind!r} is not in app {app.name}: cannot tell whether its saga still waits"
+    try:
+        uuid.UUID(str(context.get("saga_id")))
+    except ValueError:
+        return (
+            f"malformed: its reply context names a {kind} saga but its saga_id {context.get('saga_id')!r}"
+            " is not a saga id: cannot tell whether a saga waits for it"
+        )
     return None
 
 
-def _moved_on(runtime: Runtime, app: App, row: store.DeadLetterRow) -> str | None:
-    """Why a saga command is obsolete (its saga no longer waits for it); ``None`` for anything else."""
+def _saga_of(app: App, row: store.DeadLetterRow) -> tuple[Saga, uuid.UUID] | None:
+    """The saga that waited for the answer of this (replayable) letter, if a saga did."""
     context = _reply_context(row)
-    kind = context.get("saga")
-    if kind is None or kind not in {saga.name for saga in app.sagas}:
+    if context.get("saga") is None:
         return None
-    saga = app.saga(kind)
-    saga_id = uuid.UUID(str(context.get("saga_id")))
-    with runtime.database(saga.service).connection() as conn:
-        current = saga.get(conn, saga_id)
+    return app.saga(context["saga"]), uuid.UUID(str(context.get("saga_id")))
+
+
+def _moved_on(saga: Saga, saga_id: uuid.UUID, current: SagaRow | None, row: store.DeadLetterRow) -> str | None:
+    """Why a saga command is obsolete (its saga, ``current`` as locked, no longer waits for it); else ``None``."""
+    context = _reply_context(row)
     if current is None:
-        return f"its {kind} saga {saga_id} is gone"
+        return f"its {saga.name} saga {saga_id} is gone"
     if saga.awaits(current, context):
         return None
     return (
-        f"its {kind} saga {saga_id} has moved on: {current.status} at {current.current_step} v{current.version}"
+        f"its {saga.name} saga {saga_id} has moved on: {current.status} at {current.current_step} v{current.version}"
         f" (this was {context.get('direction')} {context.get('step')} v{context.get('version')})"
     )
 

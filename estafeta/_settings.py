@@ -132,6 +132,10 @@ class Settings:
     prune_interval: timedelta = timedelta(hours=1)
     #: Rows deleted per statement when pruning (each its own short transaction).
     prune_batch_size: int = 1000
+    #: The operator's password for ``estafeta serve``'s console (HTTP Basic auth; required
+    #: with ``--allow-actions``): ``ESTAFETA_CONSOLE_PASSWORD``, or the first line of the file
+    #: ``ESTAFETA_CONSOLE_PASSWORD_FILE`` names. Never shown in a repr or a log line.
+    console_password: str | None = attrs.field(default=None, repr=False)
 
     def database_url_for(self, service: str) -> str:
         """The DSN of ``service``'s database."""
@@ -163,6 +167,8 @@ class Settings:
                 values["lock_url"] = _lock_url(name, value)
             elif suffix == "METRICS_HOST":
                 values["metrics_host"] = value.strip() or "0.0.0.0"
+            elif suffix in ("CONSOLE_PASSWORD", "CONSOLE_PASSWORD_FILE"):
+                values["console_password"] = _console_password(name, value, values.get("console_password"))
             elif suffix in _CHOICES:
                 attribute, allowed = _CHOICES[suffix]
                 values[attribute] = _choice(name, value, allowed)
@@ -215,6 +221,21 @@ def _database_url(name: str, value: str) -> str:
     except ValueError as exc:
         raise SettingsError(name, f"not a PostgreSQL DSN: {exc}") from None
     return value
+
+
+def _console_password(name: str, value: str, already: str | None) -> str:
+    if already is not None:
+        raise SettingsError(name, "set only one of ESTAFETA_CONSOLE_PASSWORD and ESTAFETA_CONSOLE_PASSWORD_FILE")
+    if name.endswith("_FILE"):
+        try:
+            value = Path(value.strip()).read_text(encoding="utf-8").partition("\n")[0]
+        except OSError as exc:
+            raise SettingsError(name, f"cannot read the password file {value.strip()}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise SettingsError(name, f"the password file {value.strip()} is not UTF-8 text") from None
+    if not value.strip():
+        raise SettingsError(name, "is empty: give the console's password, or unset the variable")
+    return value.strip()
 
 
 def _broker_url(name: str, value: str) -> str:

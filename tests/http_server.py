@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(database_url: str, log_dir: Path, *args: str, app: str | None = None) -> Iterator[Server]:
-    """``estafeta [--app APP] serve ARGS`` on ``database_url``, answering /health; stopped (SIGTERM) afterwards."""
+def serving(
+    database_url: str, log_dir: Path, *args: str, app: str | None = None, env: Mapping[str, str] | None = None
+) -> Iterator[Server]:
+    """``estafeta [--app APP] serve ARGS`` on ``database_url`` and ``env``, answering /health; SIGTERM afterwards."""
     port = free_port()
     argv = [str(BIN / "estafeta"), *(["--app", app] if app else []), "serve", "--port", str(port), *args]
-    process = Process("serve", argv, service_env(database_url, "stub://"), log_dir)
+    process = Process("serve", argv, service_env(database_url, "stub://", **(env or {})), log_dir)
     server = Server(process, f"http://127.0.0.1:{port}")
     try:
         wait_until(lambda: _healthy(server), timeout=60, what=f"estafeta serve on port {port}")

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from actors.order_saga import ORDER_SAGA
 from brokers.publish import to_message
-from estafeta import Runtime, Watchdog, deliver
+from estafeta import Runtime, Settings, Watchdog, deliver
 from estafeta._dead_letters import groups, list_dead_letters, normalise, replay, show
 from tests.app import STEPS
 from tests.app import app as tests_app
 
-from .helpers import message_for, scalar
+from .helpers import message_for, scalar, wait_until
 from .lock_steps import open_account
+from .services import scratch_database
 from .shop import Courier, place, saga, seed
 from .steps import Settle
 from .test_saga import CHARGE, _give_up_on_charge
@@ -124,6 +128,134 @@ def test_a_saga_command_whose_saga_moved_on_is_marked_obsolete_not_replayed(
     assert scalar(conn, "SELECT count(*) FROM payments.outbox") == 0
     assert show(runtime, ["payments"], outcome.letter.id).status == "obsolete"
     assert scalar(conn, "SELECT balance_cents FROM payments.accounts") == 10_000
+
+
+def park(conn, consumer: str, options: Any, args: Any = None) -> int:
+    """A dead letter of ``consumer`` written as a step parks one (failing on a full disk); its id."""
+    if args is None:
+        args = [{"order_id": str(uuid.uuid4()), "customer_id": "c1", "amount_cents": 100}]
+    message = {"args": args, "options": options}
+    reason = "failed 4 times, last: OSError: disk full"
+    return int(
+        scalar(
+            conn,
+            "INSERT INTO payments.dead_letters (consumer, message_id, message, reason)"
+            " VALUES (%s, %s, %s, %s) RETURNING id",
+            consumer,
+            str(uuid.uuid4()),
+            Jsonb(message),
+            reason,
+        )
+    )
+
+
+def test_a_malformed_letter_is_reported_and_skipped_and_the_rest_of_its_group_is_replayed(
+    runtime: Runtime, conn
+) -> None:
+    healthy = [park(conn, CHARGE, {}) for _ in range(3)]
+    no_saga_id = park(conn, CHARGE, {"reply_to": {"context": {"saga": "order", "step": "charge_payment"}}})
+    not_an_object = park(conn, CHARGE, {"reply_to": ["order"]})
+    unsendable = park(conn, CHARGE, {}, args=7)  # fails only when written to the outbox
+    (group,) = groups(runtime, ["payments"])
+    assert group.count == 6  # one cause: replaying the group meets the malformed ones among the others
+    done = {o.letter.id: o for o in replay(runtime, tests_app, ["payments"], group=group.group)}
+    assert [str(done[i].outcome) for i in healthy] == ["replayed"] * 3
+    assert done[no_saga_id].outcome == "skipped"
+    assert "names a order saga but its saga_id None is not a saga id" in (done[no_saga_id].detail or "")
+    assert done[not_an_object].outcome == "skipped"
+    assert "options.reply_to is not a JSON object" in (done[not_an_object].detail or "")
+    assert done[unsendable].outcome == "failed" and "TypeError" in (done[unsendable].detail or "")
+    assert scalar(conn, "SELECT count(*) FROM payments.outbox") == 3
+    statuses = dict(conn.execute("SELECT id, status FROM payments.dead_letters").fetchall())
+    assert statuses[no_saga_id] == statuses[not_an_object] == statuses[unsendable] == "parked"  # for the operator
+
+
+def test_the_cli_reports_a_malformed_letter_in_one_line_and_replays_the_others(database_url: str, conn) -> None:
+    from .integration.processes import service_env
+    from .test_cli import run
+
+    healthy = park(conn, CHARGE, {})
+    bad = park(conn, CHARGE, {"reply_to": {"context": {"saga": "order", "saga_id": "nope"}}})
+    result = run(service_env(database_url, "stub://"), "dead-letters", "replay", "--all", "--service", "payments")
+    assert result.returncode == 1, result.stderr  # something was left parked
+    assert f"payments #{healthy} {CHARGE}: replayed as " in result.stdout
+    assert f"payments #{bad} {CHARGE}: skipped: malformed: its reply context names a order saga" in result.stdout
+
+
+def lock_waiter(conn, table: str) -> bool:
+    """Whether some backend waits for a row lock in ``table``."""
+    return bool(
+        scalar(
+            conn,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE %s",
+            f"%{table}%FOR UPDATE%",
+        )
+    )
+
+
+def replay_while_its_saga_moves_on(
+    runtime: Runtime, saga_id: uuid.UUID, letters_url: str, sagas: psycopg.Connection[Any]
+) -> tuple[bool, list[Any]]:
+    """Replay the parked charge while another transaction moves its saga on; whether it moved first, the outcomes.
+
+    The test holds the letter: the replay has looked at the saga and waits. Then the saga
+    is resumed (a new version: the parked charge's answer would be stale). Deterministic:
+    each side is seen waiting (or done) in ``pg_stat_activity`` before the next one goes.
+    """
+    outcomes: list[Any] = []
+    replaying = threading.Thread(target=lambda: outcomes.extend(replay(runtime, tests_app, ["payments"])))
+
+    def resume() -> None:
+        with runtime.database("orders").transaction() as tx:
+            ORDER_SAGA.resume(tx, saga_id)
+
+    moving_on = threading.Thread(target=resume)
+    with psycopg.connect(letters_url) as holder, psycopg.connect(letters_url, autocommit=True) as letters:
+        holder.execute("SELECT 1 FROM payments.dead_letters FOR UPDATE")
+        replaying.start()
+        wait_until(lambda: lock_waiter(letters, "dead_letters"), what="the replay waiting for the letter")
+        moving_on.start()
+        wait_until(
+            lambda: not moving_on.is_alive() or lock_waiter(sagas, "saga_order"),
+            what="the saga's transition, done or waiting for its lock",
+        )
+        moved_first = not moving_on.is_alive()
+        holder.rollback()
+    replaying.join(timeout=20)
+    moving_on.join(timeout=20)
+    return moved_first, outcomes
+
+
+def test_a_saga_cannot_move_on_between_the_obsolescence_decision_and_the_replay(
+    runtime: Runtime, conn, database_url
+) -> None:
+    saga_id, _ = _charge_parked_while_locked(runtime, conn, database_url)
+    moved_first, outcomes = replay_while_its_saga_moves_on(runtime, saga_id, database_url, conn)
+    assert not moved_first, "the saga moved on while a replay that judged it still waiting was in progress"
+    # The replay committed first, as a command the saga waited for; the saga moved on after it.
+    assert [str(o.outcome) for o in outcomes] == ["replayed"]
+    assert saga(conn, saga_id).version == 2
+
+
+def test_the_saga_lock_holds_when_the_saga_lives_in_another_database(runtime: Runtime, conn, database_url) -> None:
+    with scratch_database() as payments_url:
+        split = Runtime(Settings(database_url=database_url, service_database_urls={"payments": payments_url}))
+        try:
+            split.migrate([s for s in tests_app.services if s.name == "payments"])
+            placed = place(split, "c1", "s1", 1, 3_000)
+            charge = to_message(Courier(split, conn).take(CHARGE))
+            message = {"args": list(charge.args), "kwargs": charge.kwargs, "options": charge.options}
+            with psycopg.connect(payments_url, autocommit=True) as payments:
+                payments.execute(
+                    "INSERT INTO payments.dead_letters (consumer, message_id, message, reason) VALUES (%s, %s, %s, %s)",
+                    (CHARGE, charge.message_id, Jsonb(message), "failed 4 times, last: OSError: disk full"),
+                )
+            moved_first, outcomes = replay_while_its_saga_moves_on(split, placed.saga_id, payments_url, conn)
+        finally:
+            split.close()
+    assert not moved_first and [str(o.outcome) for o in outcomes] == ["replayed"]
+    assert saga(conn, placed.saga_id).version == 2
 
 
 def test_show_names_a_dead_letter_that_is_not_there(runtime: Runtime) -> None:

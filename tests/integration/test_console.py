@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from ..helpers import scalar, wait_until
-from ..http_server import Server, serving
+from ..http_server import Server, free_port, serving
 from ..services import require
 
 pytestmark = pytest.mark.integration
@@ -33,6 +35,21 @@ FLAGS = [
     "--window-size=1400,1000",
 ]
 ORDER = {"customer_id": "c1", "sku": "s1", "quantity": 1, "amount_cents": 700}
+#: The operator's password of the consoles that act (never on the command line).
+PASSWORD = "correct horse battery staple"
+OPERATOR = {"ESTAFETA_CONSOLE_PASSWORD": PASSWORD}
+
+
+def as_operator(browser: Any) -> None:
+    """Have the browser send the operator's password with every request, as it does once its prompt is answered.
+
+    A headless browser cannot answer the Basic auth prompt, and Chromium does not reuse
+    credentials written in a URL for the form posts that follow: the DevTools protocol
+    sets the header instead.
+    """
+    credential = base64.b64encode(f"operator:{PASSWORD}".encode()).decode()
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {credential}"}})
 
 
 @pytest.fixture
@@ -89,8 +106,9 @@ def click(browser: Any, css: str) -> None:
 def test_the_console_shows_a_stuck_saga_and_resumes_it_when_actions_are_allowed(
     database_url: str, conn, browser: Any, tmp_path: Path
 ) -> None:
-    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log") as server:
+    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log", env=OPERATOR) as server:
         saga_id = stuck_saga(server, conn)
+        as_operator(browser)
         browser.get(f"{server.url}/console")
         assert "estafeta console" in browser.title
         assert saga_id in text(browser, "#stuck")
@@ -113,9 +131,10 @@ def test_the_console_shows_a_stuck_saga_and_resumes_it_when_actions_are_allowed(
 def test_failed_rows_are_retried_and_a_saga_aborted_from_the_console(
     database_url: str, conn, browser: Any, tmp_path: Path
 ) -> None:
-    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log") as server:
+    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log", env=OPERATOR) as server:
         saga_id = stuck_saga(server, conn)
         conn.execute("UPDATE orders.outbox SET status = 'failed', attempts = 5, last_error = 'connection refused'")
+        as_operator(browser)
         browser.get(f"{server.url}/console")
         assert "connection refused" in text(browser, "#failed-rows")
         click(browser, "#failed-rows td button")
@@ -171,10 +190,11 @@ def test_without_allow_actions_the_console_only_reads(database_url: str, conn, b
 
 
 def test_an_action_without_the_console_form_token_is_refused(database_url: str, conn, tmp_path: Path) -> None:
-    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log") as server:
+    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log", env=OPERATOR) as server:
         saga_id = stuck_saga(server, conn)
-        forged = httpx.post(f"{server.url}/console/sagas/{saga_id}/resume", data={"token": "guessed"})
-        page = httpx.get(f"{server.url}/console")
+        operator = ("operator", PASSWORD)
+        forged = httpx.post(f"{server.url}/console/sagas/{saga_id}/resume", data={"token": "guessed"}, auth=operator)
+        page = httpx.get(f"{server.url}/console", auth=operator)
     assert forged.status_code == 403
     assert (
         page.headers["X-Frame-Options"] == "DENY"
@@ -192,3 +212,64 @@ def test_any_app_gets_its_console_and_health_without_the_order_api(database_url:
     assert "booking · estafeta console" in page.text and "desk" in page.text  # its service and its saga kind
     assert orders.status_code in (404, 405) and orders.headers["Content-Type"] == "application/problem+json"
     assert sorted(paths) == ["/health"]
+
+
+def form_token(page: str) -> str:
+    """The form token a console page hands out."""
+    match = re.search(r'name="token" value="([^"]+)"', page)
+    assert match, "no form token on the page"
+    return match.group(1)
+
+
+def test_every_console_route_asks_for_the_operator_password_when_actions_are_allowed(
+    database_url: str, conn, tmp_path: Path
+) -> None:
+    with serving(database_url, tmp_path, "--allow-actions", env=OPERATOR) as server:
+        saga_id = stuck_saga(server, conn)
+        resume = f"{server.url}/console/sagas/{saga_id}/resume"
+        anonymous = httpx.get(f"{server.url}/console")
+        wrong = httpx.get(f"{server.url}/console", auth=("operator", "guessed"))
+        page = httpx.get(f"{server.url}/console", auth=("anyone", PASSWORD))
+        token = form_token(page.text)
+        # Even with a valid form token, an action without the password does nothing.
+        refused = httpx.post(resume, data={"token": token})
+        assert scalar(conn, "SELECT version FROM orders.saga_order") == 1
+        done = httpx.post(resume, data={"token": token}, auth=("anyone", PASSWORD))
+        log = server.process.output()
+    assert anonymous.status_code == wrong.status_code == refused.status_code == 401
+    assert anonymous.headers["WWW-Authenticate"].startswith('Basic realm="estafeta console"')
+    assert anonymous.headers["Content-Type"] == "application/problem+json" and token not in anonymous.text
+    assert page.status_code == 200 and done.status_code == 303
+    assert scalar(conn, "SELECT version FROM orders.saga_order") == 2
+    assert "refused: no valid operator password" in log and PASSWORD not in log
+    assert f"POST /console/sagas/{saga_id}/resume by operator 'anyone'" in log
+
+
+def test_allow_actions_without_an_operator_password_refuses_to_start(database_url: str, tmp_path: Path) -> None:
+    from ..integration.processes import service_env
+    from ..test_cli import run
+
+    result = run(service_env(database_url, "stub://"), "serve", "--allow-actions", "--port", "1")
+    assert result.returncode == 2, result.stderr
+    assert "--allow-actions needs an operator password: set ESTAFETA_CONSOLE_PASSWORD" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    empty = run(service_env(database_url, "stub://", ESTAFETA_CONSOLE_PASSWORD_FILE=str(tmp_path)), "serve")
+    assert empty.returncode == 2 and "ESTAFETA_CONSOLE_PASSWORD_FILE" in empty.stderr
+
+
+def test_the_console_on_a_listener_of_its_own_is_not_served_on_the_api_port(
+    database_url: str, conn, tmp_path: Path
+) -> None:
+    console_port = free_port()
+    with serving(database_url, tmp_path, "--console-port", str(console_port), "--no-access-log") as server:
+        console = f"http://127.0.0.1:{console_port}"
+        on_api = httpx.get(f"{server.url}/console")
+        api = httpx.get(f"{server.url}/openapi.json")
+        on_console = httpx.get(f"{console}/console")
+        orders = httpx.post(f"{console}/orders", json=ORDER, headers={"Idempotency-Key": "k"})
+        health = httpx.get(f"{console}/health")
+    assert on_api.status_code == 404 and on_api.headers["Content-Type"] == "application/problem+json"
+    assert api.status_code == 200 and on_console.status_code == 200 and health.status_code == 200
+    assert "estafeta console" in on_console.text
+    assert orders.status_code == 404
+    assert scalar(conn, "SELECT count(*) FROM orders.orders") == 0
