@@ -137,6 +137,15 @@ def lag(
     return int(row[0]), float(row[1])
 
 
+def dependents(conn: psycopg.Connection[Any], tables: list[str]) -> list[str]:
+    """What depends on ``tables`` (qualified, quoted names) besides themselves: views, foreign keys of other tables...
+
+    Each as PostgreSQL describes it (``view public.v``); dropping the tables with CASCADE would drop these.
+    """
+    rows = conn.execute(_query("dependents", "public"), {"tables": tables}).fetchall()
+    return [f"{what} depends on {table}" for what, table in rows]
+
+
 def lock_holder(conn: psycopg.Connection[Any], key: str) -> int | None:
     """The pid of the backend holding the session advisory lock ``hashtextextended(key, 0)``, if any."""
     row = conn.execute(_query("lock_holder", "public"), {"key": key}).fetchone()

@@ -61,6 +61,29 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.events
             WHERE (tx_id, position) > (%(tx_id)s::text::xid8, %(position)s)
             ORDER BY tx_id, position LIMIT 1)), 0)::float8 AS seconds
 
+-- dependents --
+-- Objects that depend on the given tables and would not go with them on their own: views
+-- and materialized views (through their rewrite rules), foreign keys of other tables, and
+-- any other normal dependency. The tables' own constraints, rules, indexes and sequences
+-- are not listed. %(tables)s are qualified, quoted names; a missing table has none.
+WITH tables AS (SELECT to_regclass(name)::oid AS oid FROM unnest(%(tables)s::text[]) AS name)
+SELECT DISTINCT
+       CASE WHEN r.oid IS NULL THEN pg_describe_object(d.classid, d.objid, 0)
+            WHEN v.relkind = 'v' THEN 'view ' || v.oid::regclass::text
+            WHEN v.relkind = 'm' THEN 'materialized view ' || v.oid::regclass::text
+            ELSE 'rule ' || r.rulename || ' on ' || v.oid::regclass::text
+       END AS dependent,
+       d.refobjid::regclass::text AS on_table
+  FROM pg_depend AS d
+  LEFT JOIN pg_rewrite AS r ON d.classid = 'pg_rewrite'::regclass AND r.oid = d.objid
+  LEFT JOIN pg_class AS v ON v.oid = r.ev_class
+  LEFT JOIN pg_constraint AS c ON d.classid = 'pg_constraint'::regclass AND c.oid = d.objid
+ WHERE d.refclassid = 'pg_class'::regclass
+   AND d.deptype = 'n'
+   AND d.refobjid IN (SELECT oid FROM tables WHERE oid IS NOT NULL)
+   AND NOT coalesce(coalesce(r.ev_class, c.conrelid) IN (SELECT oid FROM tables WHERE oid IS NOT NULL), false)
+ ORDER BY dependent, on_table
+
 -- lock_holder --
 -- The backend holding a session advisory lock on this database, by its 64-bit key.
 SELECT pid
