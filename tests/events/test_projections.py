@@ -105,6 +105,25 @@ def test_a_batch_applies_events_and_moves_the_checkpoint_once(
     assert checkpoint.events_applied == 3 and checkpoint.position == 3
 
 
+def test_a_checkpoint_never_moves_back(
+    event_schema: EventSchema, conn: psycopg.Connection[Any], store: EventStore
+) -> None:
+    deposit(conn, store, "acct-1", 1, 2, 3)
+    projector = Projector(Totals(), store)
+    projector.create_tables(conn)
+    assert catch_up(conn, projector) == 3
+    [at] = projection_store.list_checkpoints(conn, store.schema)
+    # Back one event, back to the start, or in place (the last event counted twice): all refused.
+    for earlier in ((at.tx_id, at.position - 1), (0, 0), at.after):
+        moved = projection_store.advance_checkpoint(conn, store.schema, "totals", after=earlier, applied=1)
+        assert not moved, f"the checkpoint at {at.after} moved to {earlier}"
+    [still] = projection_store.list_checkpoints(conn, store.schema)
+    assert (still.after, still.events_applied) == (at.after, 3)
+    deposit(conn, store, "acct-1", 4)
+    assert catch_up(conn, projector) == 1, "the next batch reads on from where it was, applying nothing twice"
+    assert totals_of(conn, store.schema, "totals") == truth(conn, store.schema)
+
+
 def test_a_batch_projection_and_a_per_event_one_agree(
     event_schema: EventSchema, conn: psycopg.Connection[Any], store: EventStore
 ) -> None:
