@@ -30,6 +30,13 @@ UPDATE {schema}.projection_checkpoints
    SET state = 'failed', last_error = %(error)s, error_position = %(position)s, updated_at = now()
  WHERE projection = %(projection)s
 
+-- clear_setup_failure --
+-- A failure with no event position (the tables could not be created) ends once they are;
+-- a bad event's failure ends only when the checkpoint moves past it (advance_checkpoint).
+UPDATE {schema}.projection_checkpoints
+   SET state = 'running', last_error = NULL, updated_at = now()
+ WHERE projection = %(projection)s AND state = 'failed' AND error_position IS NULL
+
 -- insert_dead_letter --
 INSERT INTO {schema}.projection_dead_letters (projection, position, tx_id, stream_id, version, type, reason)
 VALUES (%(projection)s, %(position)s, %(tx_id)s::text::xid8, %(stream_id)s, %(version)s, %(type)s, %(reason)s)
