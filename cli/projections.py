@@ -115,8 +115,8 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
         click.echo(json.dumps({"projections": found, "oldest_writer": oldest}, default=str))
         return
     for row in found:
-        where = f" at {row['error_position']}" if row["error_position"] is not None else ""
-        error = f" {where}: {row['last_error']}" if row["last_error"] else ""
+        where = f"at {row['error_position']}: " if row["error_position"] is not None else ""
+        error = f"  {where}{row['last_error']}" if row["last_error"] else ""
         click.echo(
             f"{row['service']}.{row['name']:<28} {row['state']:<10} position {row['position']:<10}"
             f" lag {row['lag_events']} events, {row['lag_seconds']:.1f}s{error}"
