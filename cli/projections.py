@@ -135,7 +135,11 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
 @_service_option
 @click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
 def rebuild_command(name: str, services: tuple[str, ...], batch_size: int) -> None:
-    """Rebuild projection NAME side by side while the old one keeps answering, then switch over."""
+    """Rebuild projection NAME side by side while the old one keeps answering, then switch over.
+
+    Refuses, naming them, while views or other tables' foreign keys depend on its tables
+    (the switch-over replaces the tables): drop them, rebuild, create them again.
+    """
     runtime = current().runtime
     matches = [(s, p) for s in _event_services(services) for p in s.projections if p.name == name]
     if len(matches) != 1:
