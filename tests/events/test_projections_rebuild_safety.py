@@ -155,3 +155,31 @@ def test_a_rolled_back_switch_over_attempt_is_not_counted(
     assert (status.events_applied, status.lag_events) == (5, 0), "the switch-over applied the late events"
     assert result.events_applied == 5, "each event counted once, as the checkpoint counts it"
     assert totals_of(conn, store.schema, "totals") == truth(conn, store.schema)
+
+
+class NumberedTotals(Totals):
+    """``Totals`` with a sequence of its own, which another table may borrow."""
+
+    tables: ClassVar[dict[str, str]] = {
+        "totals": totals_ddl("totals").replace("DEFAULT 0)", "DEFAULT 0, id bigserial)")
+    }
+
+
+def test_a_dependent_only_postgresql_sees_stops_the_switch_over_too(
+    event_schema: EventSchema, conn: psycopg.Connection[Any]
+) -> None:
+    store = EventStore(event_schema.schema, registry)
+    schema = sql.Identifier(store.schema)
+    deposit(conn, store, "acct-1", 7)
+    live = Projector(NumberedTotals(), store)
+    live.create_tables(conn)
+    catch_up(conn, live)
+    # A default that draws from the table's sequence depends on the sequence, not the table:
+    # only DROP TABLE (without CASCADE, which would silently take the default away) sees it.
+    sequence = sql.Literal(f"{store.schema}.totals_id_seq")
+    conn.execute(sql.SQL("CREATE TABLE {}.tickets (n bigint DEFAULT nextval({}))").format(schema, sequence))
+    with pytest.raises(RebuildError, match="default value for column n of table .*tickets depends on sequence"):
+        rebuild(event_schema.dsn, NumberedTotals(), store)
+    assert conn.execute(sql.SQL("INSERT INTO {}.tickets DEFAULT VALUES RETURNING n").format(schema)).fetchone()
+    assert totals_of(conn, store.schema, "totals") == truth(conn, store.schema)
+    assert schemas(conn, rebuild_schema(store.schema, "totals")) == []
