@@ -178,7 +178,7 @@ def test_a_dependent_only_postgresql_sees_stops_the_switch_over_too(
     # only DROP TABLE (without CASCADE, which would silently take the default away) sees it.
     sequence = sql.Literal(f"{store.schema}.totals_id_seq")
     conn.execute(sql.SQL("CREATE TABLE {}.tickets (n bigint DEFAULT nextval({}))").format(schema, sequence))
-    with pytest.raises(RebuildError, match="default value for column n of table .*tickets depends on sequence"):
+    with pytest.raises(RebuildError, match=r"default value for column n of table .*tickets depends on sequence"):
         rebuild(event_schema.dsn, NumberedTotals(), store)
     assert conn.execute(sql.SQL("INSERT INTO {}.tickets DEFAULT VALUES RETURNING n").format(schema)).fetchone()
     assert totals_of(conn, store.schema, "totals") == truth(conn, store.schema)
