@@ -129,7 +129,8 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
         click.echo(json.dumps({"projections": found, "oldest_writer": oldest}, default=str))
         return
     for row in found:
-        error = f"  at {row['error_position']}: {row['last_error']}" if row["last_error"] else ""
+        where = f"at {row['error_position']}: " if row["error_position"] is not None else ""
+        error = f"  {where}{row['last_error']}" if row["last_error"] else ""
         click.echo(
             f"{row['service']}.{row['name']:<28} {row['state']:<10} position {row['position']:<10}"
             f" lag {row['lag_events']} events, {row['lag_seconds']:.1f}s{error}"
@@ -150,7 +151,11 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
     "--batch-size", type=click.IntRange(min=1), default=1000, show_default=True, help="Events applied per transaction."
 )
 def rebuild_command(name: str, services: tuple[str, ...], batch_size: int) -> None:
-    """Rebuild projection NAME side by side while the old one keeps answering, then switch over."""
+    """Rebuild projection NAME side by side while the old one keeps answering, then switch over.
+
+    Refuses, naming them, while views or other tables' foreign keys depend on its tables
+    (the switch-over replaces the tables): drop them, rebuild, create them again.
+    """
     runtime = current().runtime
     matches = [(s, p) for s in _event_services(services) for p in s.projections if p.name == name]
     if len(matches) != 1:

@@ -23,20 +23,29 @@ def prune_command(dry_run: bool, services: tuple[str, ...], as_json: bool) -> No
     ESTAFETA_SAGA_LOG_RETENTION (30d). Rows go a batch at a time (ESTAFETA_PRUNE_BATCH_SIZE),
     each batch a short transaction of its own that skips rows in use: safe while workers
     run. Every worker already prunes every ESTAFETA_PRUNE_INTERVAL (1h; 0 turns it off).
+    A table that cannot be pruned (missing, locked for more than 5 s, its database down) is
+    reported on stderr with the reason, the others are pruned, and the exit code is 1.
     """
     context = current()
     runtime = context.runtime
     names = context.services(services)
     chosen = [s for s in context.app.services if s.name in names]
     sagas = [saga for saga in context.app.sagas if saga.service in names]
-    done = prune(runtime, chosen, sagas, retention=Retention.from_settings(runtime.settings), dry_run=dry_run)
+    report = prune(runtime, chosen, sagas, retention=Retention.from_settings(runtime.settings), dry_run=dry_run)
     if as_json:
-        click.echo(json.dumps(done))
-        return
-    verb = "would delete" if dry_run else "deleted"
-    for service, tables in done.items():
-        counts = ", ".join(f"{table} {n}" for table, n in tables.items())
-        click.echo(f"{service}: {verb} {counts}")
+        click.echo(json.dumps(report.counts))
+    else:
+        verb = "would delete" if dry_run else "deleted"
+        for service, tables in report.counts.items():
+            if not tables:
+                continue
+            counts = ", ".join(f"{table} {n}" for table, n in tables.items())
+            click.echo(f"{service}: {verb} {counts}")
+    failed = [(service, table, why) for service, tables in report.failures.items() for table, why in tables.items()]
+    for service, table, why in failed:
+        click.echo(f"{service}.{table}: not pruned: {why}", err=True)
+    if failed:
+        raise click.ClickException(f"{len(failed)} table(s) not pruned (above); the others were; run again once fixed")
 
 
 COMMANDS = [prune_command]

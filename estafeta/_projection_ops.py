@@ -1,13 +1,15 @@
 """Operating projections: status, lag metrics, and side-by-side rebuilds.
 
-A rebuild fills a second copy of the projection's tables (suffixed ``__rebuild``) from the
+A rebuild fills a second copy of the projection's tables, under the same names in a schema
+of its own (so that their indexes and constraints are named as the live ones are), from the
 start of the log while the live projection keeps answering and keeps following the log.
 Once the copy has caught up, one transaction switches over: it takes the live checkpoint's
-row lock (waiting for the live projector's batch in flight, and holding its next one),
-applies the last events to the copy, drops the live tables, renames the copy into their
-place and hands the copy's checkpoint to the live projection. Readers see the old tables
-until that commit and the new ones after it; the live projector carries on from the copy's
-checkpoint on the new tables.
+lock (waiting for the live projector's batch in flight, and holding its next one), applies
+the last events to the copy, drops the live tables, moves the copy into their schema and
+hands the copy's checkpoint to the live projection. Readers see the old tables until that
+commit and the new ones after it; the live projector carries on from the copy's checkpoint
+on the new tables. Objects users built on the live tables (views, foreign keys) would be
+lost with them: a rebuild refuses to start, or to switch over, while any exist, and names them.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ def rebuild(
         if not (row and row[0]):
             holder = projection_store.lock_holder(conn, builder.lock_key)
             raise RebuildError(f"a rebuild of {projection.name} is already running (pid {holder})")
+        _refuse_dependents(conn, live)  # before hours of work, not only at the switch-over
         try:
             with conn.transaction():
                 builder.drop_tables(conn)  # a copy left by an earlier, interrupted rebuild
@@ -195,9 +198,10 @@ def _switch_over(
                 conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(timeout * 1000)}ms",))
                 projection_store.ensure_checkpoint(conn, live.schema, live.checkpoint_name)
                 projection_store.lock_checkpoint(conn, live.schema, live.checkpoint_name)
-                applied += _fill(conn, builder, 0, None)
+                last = _fill(conn, builder, 0, None)
                 _swap_tables(conn, builder, live)
                 projection_store.adopt_checkpoint(conn, live.schema, live.checkpoint_name, builder.checkpoint_name)
+            applied += last  # counted once committed: a rolled-back attempt's events are applied again below
             logger.info("projection %s rebuilt: %d events; switched over", live.checkpoint_name, applied)
             return applied, attempt
         except psycopg.errors.LockNotAvailable as exc:
@@ -215,35 +219,30 @@ def _switch_over(
 
 
 def _swap_tables(conn: psycopg.Connection[Any], builder: Projector, live: Projector) -> None:
-    """Drop the live tables and rename the copy (and its indexes, constraints, sequences) into their place."""
-    schema = live.schema
-    for name in live.physical:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(schema, live.physical[name])))
-    for name, copy in builder.physical.items():
-        conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sql.Identifier(schema, copy), sql.Identifier(name)))
-        _rename_dependents(conn, schema, name, copy)
+    """Drop the live tables, never what depends on them, and move the copy (indexes, constraints...) in their place."""
+    _refuse_dependents(conn, live)
+    tables = sql.SQL(", ").join(live.table(name) for name in live.projection.tables)
+    try:
+        # No CASCADE: a dependent the check above cannot see stops the switch-over too.
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(tables))
+    except psycopg.errors.DependentObjectsStillExist as exc:
+        blockers = (exc.diag.message_detail or exc.diag.message_primary or "").splitlines()
+        raise RebuildError(_blocked(live, blockers)) from None
+    for name in builder.projection.tables:
+        conn.execute(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(builder.table(name), sql.Identifier(live.schema)))
+    conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(builder.table_schema)))  # now empty
 
 
-def _rename_dependents(conn: psycopg.Connection[Any], schema: str, table: str, copy: str) -> None:
-    relations = conn.execute(
-        "SELECT relname, relkind FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind IN ('i', 'S')"
-        " AND starts_with(relname, %s)",
-        (schema, copy),
-    ).fetchall()
-    for relname, relkind in relations:
-        kind = "INDEX" if relkind == "i" else "SEQUENCE"
-        conn.execute(
-            sql.SQL("ALTER {} {} RENAME TO {}").format(
-                sql.SQL(kind), sql.Identifier(schema, relname), sql.Identifier(table + relname[len(copy) :])
-            )
-        )
-    constraints = conn.execute(
-        "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND starts_with(conname, %s)",
-        (f'"{schema}"."{table}"', copy),
-    ).fetchall()
-    for (conname,) in constraints:
-        conn.execute(
-            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
-                sql.Identifier(schema, table), sql.Identifier(conname), sql.Identifier(table + conname[len(copy) :])
-            )
-        )
+def _refuse_dependents(conn: psycopg.Connection[Any], live: Projector) -> None:
+    """Raise :class:`RebuildError` naming the views, foreign keys... that depend on the live tables, if any."""
+    tables = [live.table(name).as_string(None) for name in live.projection.tables]
+    blockers = projection_store.dependents(conn, tables)
+    if blockers:
+        raise RebuildError(_blocked(live, blockers))
+
+
+def _blocked(live: Projector, blockers: list[str]) -> str:
+    return (
+        f"rebuild of {live.checkpoint_name} refused: the switch-over would drop what depends on its tables"
+        f" ({'; '.join(blockers)}); drop them, rebuild, then create them again on the new tables"
+    )

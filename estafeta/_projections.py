@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -38,8 +39,10 @@ logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 _HANDLES = "__estafeta_handles__"
-#: Suffix of the tables and checkpoint of a side-by-side rebuild.
+#: Suffix of the checkpoint of a side-by-side rebuild (and of the schema it builds its tables in).
 REBUILD_SUFFIX = "__rebuild"
+#: PostgreSQL's identifier limit, in bytes: it silently truncates a longer name to this many.
+MAX_IDENTIFIER_BYTES = 63
 #: Errors that say nothing about the event: the batch is rolled back and tried again later.
 TRANSIENT_ERRORS = (
     psycopg.OperationalError,
@@ -47,6 +50,40 @@ TRANSIENT_ERRORS = (
     psycopg.errors.DeadlockDetected,
     psycopg.errors.LockNotAvailable,
 )
+
+
+def fit_identifier(name: str) -> str:
+    """``name`` if PostgreSQL keeps it whole, else a prefix of it and a hash of all of it, in 63 bytes.
+
+    Distinct names give distinct identifiers (up to a 48-bit hash) that PostgreSQL never truncates.
+    """
+    encoded = name.encode()
+    if len(encoded) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = hashlib.sha256(encoded).hexdigest()[:12]
+    prefix = encoded[: MAX_IDENTIFIER_BYTES - len(digest) - 1].decode(errors="ignore")
+    return f"{prefix}_{digest}"
+
+
+def rebuild_schema(schema: str, projection: str) -> str:
+    """The schema of its own where a rebuild of ``projection`` builds its tables.
+
+    In a schema of their own, the copies have the live tables' names, so their indexes,
+    constraints and sequences get exactly the names the live ones have: the switch-over
+    moves them into ``schema`` and renames nothing.
+    """
+    return fit_identifier(f"{schema}{REBUILD_SUFFIX}_{projection}")
+
+
+def check_table_names(cls: type[Projection]) -> None:
+    """Refuse a projection whose table names PostgreSQL would truncate (a one-line ``ValueError``)."""
+    for table in getattr(cls, "tables", {}):
+        size = len(table.encode())
+        if size > MAX_IDENTIFIER_BYTES:
+            raise ValueError(
+                f"projection {getattr(cls, 'name', cls.__name__)}: table name {table!r} is {size} bytes, and"
+                f" PostgreSQL truncates names longer than {MAX_IDENTIFIER_BYTES} bytes: give it a shorter name"
+            )
 
 
 class OnBadEvent(enum.Enum):
@@ -86,6 +123,11 @@ class Projection:
     handles_any: ClassVar[bool] = False
     #: Event classes handled by an :meth:`apply_batch` override (``@handles`` methods add theirs).
     event_types: ClassVar[tuple[type, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, when the class is declared, table names longer than PostgreSQL keeps."""
+        super().__init_subclass__(**kwargs)
+        check_table_names(cls)
 
     def apply_batch(self, ctx: ProjectionContext, events: Sequence[RecordedEvent[Any]]) -> None:
         """Apply ``events``, in log order, inside the batch's transaction. By default, one handler call each."""
@@ -176,8 +218,9 @@ class _Bad:
 class Projector:
     """Applies the event log to one projection's tables, a batch per transaction.
 
-    ``rebuild=True`` targets the side-by-side copy (tables and checkpoint suffixed
-    ``__rebuild``) that :func:`estafeta._projection_ops.rebuild` builds and switches to.
+    ``rebuild=True`` targets the side-by-side copy that :func:`estafeta._projection_ops.rebuild`
+    builds and switches to: its checkpoint is suffixed ``__rebuild`` and its tables, under
+    their own names, are in a schema of their own (:func:`rebuild_schema`).
     """
 
     def __init__(
@@ -187,11 +230,12 @@ class Projector:
         self.store = store
         self.schema = store.schema
         self.batch_size = batch_size
-        suffix = REBUILD_SUFFIX if rebuild else ""
-        self.checkpoint_name = projection.name + suffix
-        #: Logical table name -> the table this projector writes.
-        self.physical = {name: name + suffix for name in projection.tables}
-        self._tables = {name: sql.Identifier(self.schema, table) for name, table in self.physical.items()}
+        self.rebuild = rebuild
+        check_table_names(type(projection))
+        self.checkpoint_name = projection.name + (REBUILD_SUFFIX if rebuild else "")
+        #: The schema of the tables this projector writes: the service's, or the rebuild's own.
+        self.table_schema = rebuild_schema(self.schema, projection.name) if rebuild else self.schema
+        self._tables = {name: sql.Identifier(self.table_schema, name) for name in projection.tables}
         self._handled = set(handler_names(type(projection))) | set(projection.event_types)
         names = store.registry.names_of(list(self._handled))
         self._types: list[str] | None = None if projection.handles_any else names
@@ -201,19 +245,28 @@ class Projector:
         """The advisory lock that keeps a second projector of this projection (or rebuild) out."""
         return lock_key(self.schema, self.checkpoint_name)
 
+    def table(self, name: str) -> sql.Identifier:
+        """The schema-qualified identifier of the projection's table ``name`` as this projector writes it."""
+        return self._tables[name]
+
     def create_tables(self, conn: psycopg.Connection[Any]) -> None:
         """Create the projection's missing tables and its checkpoint row (in the caller's transaction, if any)."""
+        if self.rebuild:
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.table_schema)))
         for name, ddl in self.projection.tables.items():
-            exists = conn.execute("SELECT to_regclass(%s)", (f'"{self.schema}"."{self.physical[name]}"',)).fetchone()
+            exists = conn.execute("SELECT to_regclass(%s)", (self._tables[name].as_string(None),)).fetchone()
             if exists is None or exists[0] is None:
                 conn.execute(sql.SQL(ddl).format(**self._tables))
-        state = "rebuilding" if self.checkpoint_name.endswith(REBUILD_SUFFIX) else "running"
+        state = "rebuilding" if self.rebuild else "running"
         projection_store.ensure_checkpoint(conn, self.schema, self.checkpoint_name, state)
 
     def drop_tables(self, conn: psycopg.Connection[Any]) -> None:
-        """Drop the projection's tables and forget its checkpoint."""
-        for table in self._tables.values():
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(table))
+        """Drop the projection's tables (a rebuild's: its whole schema) and forget its checkpoint."""
+        if self.rebuild:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.table_schema)))
+        else:
+            for table in self._tables.values():
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(table))
         projection_store.delete_checkpoint(conn, self.schema, self.checkpoint_name)
 
     def run_batch(self, conn: psycopg.Connection[Any]) -> BatchResult:

@@ -20,7 +20,7 @@ import dramatiq
 import psycopg
 from psycopg import sql
 
-from sql import event_store
+from sql import event_store, projection_store
 
 from . import _projection_ops as ops
 from ._projections import BatchResult, Projector
@@ -174,7 +174,8 @@ def run_projector(
                 while not _take_lock(conn, projector.lock_key):
                     if stop.wait(poll_interval):
                         return "stopped"
-                projector.create_tables(conn)
+                if not _set_up(conn, projector):
+                    return "failed"
                 outage = 0.0
                 return _tail(conn, projector, stop, wake, poll_interval, on_batch)
         except psycopg.OperationalError as exc:
@@ -182,6 +183,23 @@ def run_projector(
             logger.warning("projector %s paused %.1fs: %s", projector.checkpoint_name, outage, exc)
             stop.wait(outage)
     return "stopped"
+
+
+def _set_up(conn: psycopg.Connection[Any], projector: Projector) -> bool:
+    """Create the projection's tables; if they cannot be, record why on its checkpoint row and say so."""
+    try:
+        projector.create_tables(conn)
+    except psycopg.OperationalError:
+        raise  # the database, not the projection: retried
+    except psycopg.Error as exc:
+        lines = str(exc).strip().splitlines()
+        reason = f"could not create its tables: {type(exc).__name__}: {lines[0] if lines else ''}"
+        logger.error("projection %s stopped: %s", projector.checkpoint_name, reason)
+        projection_store.ensure_checkpoint(conn, projector.schema, projector.checkpoint_name)
+        projection_store.mark_failed(conn, projector.schema, projector.checkpoint_name, error=reason, position=None)
+        return False
+    projection_store.clear_setup_failure(conn, projector.schema, projector.checkpoint_name)
+    return True
 
 
 def _own_listener(dsn: str, schema: str, stop: threading.Event) -> threading.Event:

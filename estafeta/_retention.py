@@ -9,23 +9,32 @@ runs it once, and every worker process runs it periodically (:class:`PruneMiddle
 What it never does: let a duplicate through within the inbox retention (a message's
 record goes only once it is older than that, and not while its dead letter is kept), or
 let a stale lock holder in (a holder whose fence row went is refused at its check).
+
+One table that cannot be pruned (missing, locked past ``Retention.lock_timeout``, a row
+that refuses to go, a service's database that is down) stops only itself: it is reported
+with its reason (:attr:`PruneReport.failures`, a warning, ``estafeta_prune_failures_total``)
+and every other table and service is pruned.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import dramatiq
+import psycopg
+from prometheus_client import Counter
 
 from sql import retention as store
 from sql import sagas
-from sql.errors import DatabaseError
+from sql.errors import DatabaseError, EstafetaError
 
 from ._runtime import Runtime
 from ._settings import Settings
@@ -35,6 +44,8 @@ if TYPE_CHECKING:
     from ._saga import Saga
 
 logger = logging.getLogger(__name__)
+
+FAILURES = Counter("estafeta_prune_failures", "Tables a prune could not prune", ["service", "table"])
 
 
 @attrs.frozen
@@ -51,6 +62,8 @@ class Retention:
     saga_log: timedelta
     #: Rows per delete statement.
     batch_size: int = 1000
+    #: Seconds a statement waits for a table lock (a migration, ``LOCK TABLE``) before that table is reported.
+    lock_timeout: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Retention:
@@ -70,6 +83,24 @@ class Retention:
         )
 
 
+@attrs.frozen
+class PruneReport:
+    """What a prune did, and what it could not do."""
+
+    #: Rows deleted (with ``dry_run``: that would be), by service and table.
+    counts: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    #: Tables that could not be pruned, by service and table: the reason, one line.
+    failures: dict[str, dict[str, str]] = attrs.field(factory=dict)
+
+    def failed(self, service: str, table: str, exc: BaseException) -> None:
+        """Record that ``service.table`` was not pruned because of ``exc`` (logged, counted)."""
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        self.failures.setdefault(service, {})[table] = reason
+        FAILURES.labels(service, table).inc()
+        logger.warning("pruning %s.%s failed, the other tables go on: %s", service, table, reason)
+
+
 def prune(
     runtime: Runtime,
     services: Sequence[Service],
@@ -77,29 +108,65 @@ def prune(
     *,
     retention: Retention | None = None,
     dry_run: bool = False,
-) -> dict[str, dict[str, int]]:
-    """Prune the messaging tables of ``services`` and the logs of ``sagas_``; return the rows, by service and table.
+) -> PruneReport:
+    """Prune the messaging tables of ``services`` and the logs of ``sagas_``: the rows, by service and table.
 
     ``retention`` defaults to the runtime's settings; with ``dry_run`` nothing is deleted
-    and the counts are what would be.
+    and the counts are what would be. A table that cannot be pruned is reported in the
+    result's ``failures`` (and logged) and the others are pruned all the same.
     """
     retention = retention or Retention.from_settings(runtime.settings)
-    done: dict[str, dict[str, int]] = {}
+    report = PruneReport()
     for service in services:
-        with runtime.database(service.name).connection() as conn:
-            done[service.name] = {
-                table: store.prune(
-                    conn, service.name, table, retention.of(table), batch_size=retention.batch_size, dry_run=dry_run
-                )
-                for table in store.TABLES
-            }
-    for saga in sagas_:
-        with runtime.database(saga.service).connection() as conn:
-            pruned = sagas.prune_log(
-                conn, saga.table, retention.saga_log, batch_size=retention.batch_size, dry_run=dry_run
+        tables = {
+            table: functools.partial(
+                store.prune,
+                schema=service.name,
+                table=table,
+                older_than=retention.of(table),
+                batch_size=retention.batch_size,
+                dry_run=dry_run,
             )
-        done.setdefault(saga.service, {})[saga.table.log] = pruned
-    return done
+            for table in store.TABLES
+        }
+        _prune_tables(runtime, service.name, tables, retention.lock_timeout, report)
+    for saga in sagas_:
+        log = functools.partial(
+            sagas.prune_log,
+            table=saga.table,
+            older_than=retention.saga_log,
+            batch_size=retention.batch_size,
+            dry_run=dry_run,
+        )
+        _prune_tables(runtime, saga.service, {saga.table.log: log}, retention.lock_timeout, report)
+    return report
+
+
+def _prune_tables(
+    runtime: Runtime, service: str, tables: Mapping[str, Callable[..., int]], lock_timeout: float, report: PruneReport
+) -> None:
+    """Run each table's prune on one connection of ``service``'s database; record each failure and go on."""
+    try:
+        with runtime.database(service).connection() as conn:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(lock_timeout * 1000)}ms",))
+            try:
+                for table, prune_table in tables.items():
+                    try:
+                        report.counts.setdefault(service, {})[table] = prune_table(conn)
+                    except psycopg.Error as exc:
+                        report.failed(service, table, exc)
+            finally:
+                _reset_lock_timeout(conn)
+    except EstafetaError as exc:  # no connection to that database (or it broke): its tables only
+        for table in tables:
+            if table not in report.counts.get(service, {}) and table not in report.failures.get(service, {}):
+                report.failed(service, table, exc)
+
+
+def _reset_lock_timeout(conn: psycopg.Connection[Any]) -> None:
+    """Give the pooled connection back as it was (a broken one is discarded by the pool anyway)."""
+    with contextlib.suppress(psycopg.Error):
+        conn.execute("RESET lock_timeout")
 
 
 class PruneMiddleware(dramatiq.Middleware):
@@ -138,7 +205,7 @@ class PruneMiddleware(dramatiq.Middleware):
         while not self._stop.wait(wait):
             wait = interval
             try:
-                done = prune(self.runtime, self.services, self.sagas)
+                done = prune(self.runtime, self.services, self.sagas).counts  # each failure is logged by prune
             except DatabaseError as exc:
                 logger.warning("pruning skipped: %s", exc)
                 continue

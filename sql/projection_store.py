@@ -91,9 +91,16 @@ def advance_checkpoint(
     return conn.execute(_query("advance_checkpoint", schema), params).rowcount == 1
 
 
-def mark_failed(conn: psycopg.Connection[Any], schema: str, projection: str, *, error: str, position: int) -> None:
-    """Record that the projection stopped on the event at ``position``, and why."""
+def mark_failed(
+    conn: psycopg.Connection[Any], schema: str, projection: str, *, error: str, position: int | None
+) -> None:
+    """Record that the projection stopped on the event at ``position`` (``None``: before any event), and why."""
     conn.execute(_query("mark_failed", schema), {"projection": projection, "error": error, "position": position})
+
+
+def clear_setup_failure(conn: psycopg.Connection[Any], schema: str, projection: str) -> None:
+    """Mark a projection that had failed before any event (its tables) running again; a bad event's failure stays."""
+    conn.execute(_query("clear_setup_failure", schema), {"projection": projection})
 
 
 def dead_letter(conn: psycopg.Connection[Any], schema: str, projection: str, event: StoredEvent, reason: str) -> None:
@@ -135,6 +142,15 @@ def lag(
     row = conn.execute(_query("lag", schema), params).fetchone()
     assert row is not None
     return int(row[0]), float(row[1])
+
+
+def dependents(conn: psycopg.Connection[Any], tables: list[str]) -> list[str]:
+    """What depends on ``tables`` (qualified, quoted names) besides themselves: views, foreign keys of other tables...
+
+    Each as PostgreSQL describes it (``view public.v``); dropping the tables with CASCADE would drop these.
+    """
+    rows = conn.execute(_query("dependents", "public"), {"tables": tables}).fetchall()
+    return [f"{what} depends on {table}" for what, table in rows]
 
 
 def lock_holder(conn: psycopg.Connection[Any], key: str) -> int | None:

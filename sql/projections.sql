@@ -30,6 +30,13 @@ UPDATE {schema}.projection_checkpoints
    SET state = 'failed', last_error = %(error)s, error_position = %(position)s, updated_at = now()
  WHERE projection = %(projection)s
 
+-- clear_setup_failure --
+-- A failure with no event position (the tables could not be created) ends once they are;
+-- a bad event's failure ends only when the checkpoint moves past it (advance_checkpoint).
+UPDATE {schema}.projection_checkpoints
+   SET state = 'running', last_error = NULL, updated_at = now()
+ WHERE projection = %(projection)s AND state = 'failed' AND error_position IS NULL
+
 -- insert_dead_letter --
 INSERT INTO {schema}.projection_dead_letters (projection, position, tx_id, stream_id, version, type, reason)
 VALUES (%(projection)s, %(position)s, %(tx_id)s::text::xid8, %(stream_id)s, %(version)s, %(type)s, %(reason)s)
@@ -60,6 +67,29 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.events
            SELECT recorded_at FROM {schema}.events
             WHERE (tx_id, position) > (%(tx_id)s::text::xid8, %(position)s)
             ORDER BY tx_id, position LIMIT 1)), 0)::float8 AS seconds
+
+-- dependents --
+-- Objects that depend on the given tables and would not go with them on their own: views
+-- and materialized views (through their rewrite rules), foreign keys of other tables, and
+-- any other normal dependency. The tables' own constraints, rules, indexes and sequences
+-- are not listed. %(tables)s are qualified, quoted names; a missing table has none.
+WITH tables AS (SELECT to_regclass(name)::oid AS oid FROM unnest(%(tables)s::text[]) AS name)
+SELECT DISTINCT
+       CASE WHEN r.oid IS NULL THEN pg_describe_object(d.classid, d.objid, 0)
+            WHEN v.relkind = 'v' THEN 'view ' || v.oid::regclass::text
+            WHEN v.relkind = 'm' THEN 'materialized view ' || v.oid::regclass::text
+            ELSE 'rule ' || r.rulename || ' on ' || v.oid::regclass::text
+       END AS dependent,
+       d.refobjid::regclass::text AS on_table
+  FROM pg_depend AS d
+  LEFT JOIN pg_rewrite AS r ON d.classid = 'pg_rewrite'::regclass AND r.oid = d.objid
+  LEFT JOIN pg_class AS v ON v.oid = r.ev_class
+  LEFT JOIN pg_constraint AS c ON d.classid = 'pg_constraint'::regclass AND c.oid = d.objid
+ WHERE d.refclassid = 'pg_class'::regclass
+   AND d.deptype = 'n'
+   AND d.refobjid IN (SELECT oid FROM tables WHERE oid IS NOT NULL)
+   AND NOT coalesce(coalesce(r.ev_class, c.conrelid) IN (SELECT oid FROM tables WHERE oid IS NOT NULL), false)
+ ORDER BY dependent, on_table
 
 -- lock_holder --
 -- The backend holding a session advisory lock on this database, by its 64-bit key.

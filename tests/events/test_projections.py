@@ -50,13 +50,15 @@ def catch_up(conn: psycopg.Connection[Any], projector: Projector, timeout: float
     Transaction ids are server-wide: a transaction of another test run, open for a moment,
     holds our committed events back (never skips them), so "caught up" means nothing held back.
     """
-    applied, deadline = 0, time.monotonic() + timeout
+    applied, deadline, after = 0, time.monotonic() + timeout, (0, 0)
     while time.monotonic() < deadline:
+        # Asked before the batch: if nothing is held back now, the batch reads all that committed.
+        waiting = event_store.held_back(conn, projector.schema, after=after)
         result = projector.run_batch(conn)
-        applied += result.applied
+        applied, after = applied + result.applied, result.checkpoint
         if result.failed is not None:
             return applied
-        if not result.more and not event_store.held_back(conn, projector.schema, after=result.checkpoint):
+        if not result.more and not waiting:
             return applied
         if not result.more:
             time.sleep(0.01)
@@ -103,6 +105,25 @@ def test_a_batch_applies_events_and_moves_the_checkpoint_once(
     assert totals_of(conn, store.schema, "totals") == truth(conn, store.schema)
     [checkpoint] = projection_store.list_checkpoints(conn, store.schema)
     assert checkpoint.events_applied == 3 and checkpoint.position == 3
+
+
+def test_a_checkpoint_never_moves_back(
+    event_schema: EventSchema, conn: psycopg.Connection[Any], store: EventStore
+) -> None:
+    deposit(conn, store, "acct-1", 1, 2, 3)
+    projector = Projector(Totals(), store)
+    projector.create_tables(conn)
+    assert catch_up(conn, projector) == 3
+    [at] = projection_store.list_checkpoints(conn, store.schema)
+    # Back one event, back to the start, or in place (the last event counted twice): all refused.
+    for earlier in ((at.tx_id, at.position - 1), (0, 0), at.after):
+        moved = projection_store.advance_checkpoint(conn, store.schema, "totals", after=earlier, applied=1)
+        assert not moved, f"the checkpoint at {at.after} moved to {earlier}"
+    [still] = projection_store.list_checkpoints(conn, store.schema)
+    assert (still.after, still.events_applied) == (at.after, 3)
+    deposit(conn, store, "acct-1", 4)
+    assert catch_up(conn, projector) == 1, "the next batch reads on from where it was, applying nothing twice"
+    assert totals_of(conn, store.schema, "totals") == truth(conn, store.schema)
 
 
 def test_a_batch_projection_and_a_per_event_one_agree(
@@ -167,9 +188,9 @@ def test_a_bad_event_stops_the_projection_visibly_at_its_position(
     deposit(conn, store, "acct-3", 30)
     projector = Projector(projection, store)
     projector.create_tables(conn)
-    for table in projector.physical.values():  # a read-model rule the handler can break
+    for table in projection.tables:  # a read-model rule the handler can break
         if table == "totals":
-            conn.execute(sql.SQL("ALTER TABLE {} ADD CHECK (amount >= 0)").format(sql.Identifier(store.schema, table)))
+            conn.execute(sql.SQL("ALTER TABLE {} ADD CHECK (amount >= 0)").format(projector.table(table)))
     thread = start(event_schema.dsn, projector, running, poll_interval=0.05)
     thread.join(timeout=20)
     assert thread.outcome == {"outcome": "failed"}  # type: ignore[attr-defined]
