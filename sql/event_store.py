@@ -294,7 +294,7 @@ def allow_rewrite(conn: psycopg.Connection[Any]) -> None:
     must be in a transaction (on an autocommit connection the setting would end at once).
     """
     if conn.autocommit and conn.info.transaction_status != pq.TransactionStatus.INTRANS:
-        raise ValueError("allow_rewrite needs a transaction (inside `with conn.transaction():`): it lasts until its end")
+        raise ValueError("allow_rewrite needs a transaction (`with conn.transaction():`): it lasts until its end")
     conn.execute("SELECT set_config(%s, 'on', true)", (REWRITE_SETTING,))
 
 
