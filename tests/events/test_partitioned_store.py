@@ -188,3 +188,13 @@ def test_the_migration_without_an_event_store_says_what_to_do(bare_schema: tuple
     with event_schema.connect() as conn:
         migrate_events(conn, schema)
         _partition(conn, schema)
+
+
+def test_the_migration_refuses_a_schema_of_the_eventsourcing_library(bare_schema: tuple[EventSchema, str]) -> None:
+    """Its recorders rely on the unique (stream_id, version) that a partitioned table cannot have."""
+    event_schema, schema = bare_schema
+    with event_schema.connect() as conn:
+        directories = [migrate.builtin_directory(name) for name in ("_events", "_eventsourcing")]
+        migrate.apply(conn, schema, migrate.load(directories))
+        with pytest.raises(migrate.MigrationError, match="eventsourcing library's tables"):
+            _partition(conn, schema)
