@@ -43,7 +43,10 @@ class SagaKind:
 
 
 class TablesCollector(Collector):
-    """Sagas by status, stuck sagas and the longest wait per saga kind; dead letters per service."""
+    """Sagas by status, stuck sagas and the longest wait per saga kind; dead letters and vacuum state per service.
+
+    A kind or service whose database cannot be read loses only its own samples (and logs why).
+    """
 
     def __init__(self, services: Sequence[Outbox], kinds: Sequence[SagaKind], stuck_after: float) -> None:
         self.services = list(services)
