@@ -269,6 +269,14 @@ class EventStore:
         """A position up to which the log is final (:func:`sql.event_store.high_water_mark`); autocommit ``conn``."""
         return event_store.high_water_mark(conn, self.schema, timeout=timeout)
 
+    def allow_rewrite(self, conn: psycopg.Connection[Any]) -> None:
+        """Let ``conn``'s current transaction update or delete stored events (pruning, crypto-shredding).
+
+        The store refuses both otherwise (it is append-only); the permission ends with the
+        transaction (:func:`sql.event_store.allow_rewrite`).
+        """
+        event_store.allow_rewrite(conn)
+
     def decode(self, row: event_store.StoredEvent) -> RecordedEvent[Any]:
         """The current-version event of a stored row; :class:`EventDecodeError` names where and why not."""
         try:

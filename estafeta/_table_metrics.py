@@ -1,5 +1,8 @@
 """Gauges read from the tables when Prometheus scrapes: sagas by status, stuck sagas, dead letters.
 
+Also the vacuum state of each service's outbox, inbox and ``inbox_attempts`` (dead tuples,
+last autovacuum), from PostgreSQL's statistics: one more query per service.
+
 Nothing here is counted in memory: whichever process serves them, however often workers
 restarted, they say what the tables hold at the scrape. The outbox gauges are
 :class:`brokers.metrics.OutboxCollector`'s (the relay serves them too). One scrape runs
@@ -20,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from brokers.relay import Outbox
-from sql import inbox, sagas
+from sql import inbox, sagas, table_health
 from sql.pool import Database
 from sql.sagas import SagaTable
 
@@ -40,7 +43,10 @@ class SagaKind:
 
 
 class TablesCollector(Collector):
-    """Sagas by status, stuck sagas and the longest wait per saga kind; dead letters per service."""
+    """Sagas by status, stuck sagas and the longest wait per saga kind; dead letters and vacuum state per service.
+
+    A kind or service whose database cannot be read loses only its own samples (and logs why).
+    """
 
     def __init__(self, services: Sequence[Outbox], kinds: Sequence[SagaKind], stuck_after: float) -> None:
         self.services = list(services)
@@ -50,6 +56,7 @@ class TablesCollector(Collector):
     def describe(self) -> Iterator[Any]:
         # Declared without querying: the registry would otherwise call collect() to learn the names.
         yield from self._families()
+        yield from self._vacuum_families()
 
     def collect(self) -> Iterator[Any]:
         by_status, stuck, longest, dead = self._families()
@@ -72,6 +79,36 @@ class TablesCollector(Collector):
             except Exception as exc:
                 logger.warning("metrics: no dead-letter count for %s: %s", service.schema, exc)
         yield from (by_status, stuck, longest, dead)
+        yield from self._vacuum()
+
+    def _vacuum(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        dead, vacuumed = self._vacuum_families()
+        for service in self.services:
+            try:
+                with service.database.connection() as conn:
+                    stats = table_health.vacuum_stats(conn, service.schema)
+            except Exception as exc:  # one service's database down costs only its samples
+                logger.warning("metrics: no vacuum statistics for %s: %s", service.schema, exc)
+                continue
+            for table in stats:
+                dead.add_metric([service.schema, table.table], table.dead_tuples)
+                vacuumed.add_metric([service.schema, table.table], table.last_autovacuum)
+        return dead, vacuumed
+
+    @staticmethod
+    def _vacuum_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "estafeta_table_dead_tuples",
+                "Dead row versions in a service's outbox, inbox or inbox_attempts (pg_stat_user_tables)",
+                labels=["service", "table"],
+            ),
+            GaugeMetricFamily(
+                "estafeta_table_last_autovacuum_timestamp_seconds",
+                "Unix time autovacuum last cleaned the table; 0 if it never did",
+                labels=["service", "table"],
+            ),
+        )
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         minutes = self.stuck_after.total_seconds() / 60

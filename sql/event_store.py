@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -33,6 +33,10 @@ from .queries import query
 
 #: The channel the ``events_wake`` trigger NOTIFYs at commit (payload: the schema).
 WAKE_CHANNEL = "estafeta_events"
+
+#: The transaction-local setting that lets ``UPDATE`` and ``DELETE`` on ``events`` through
+#: (``sql/migrations/_events/0002_events_append_only.sql``); see :func:`allow_rewrite`.
+REWRITE_SETTING = "estafeta.events_rewrite"
 
 _FILE = "events.sql"
 _NO_LIMIT = 2**62
@@ -279,6 +283,19 @@ def high_water_mark(
             return None
         time.sleep(poll)
         poll = min(poll * 2, 0.05)
+
+
+def allow_rewrite(conn: psycopg.Connection[Any]) -> None:
+    """Let this transaction (only) update or delete rows of ``events``: pruning, crypto-shredding.
+
+    The event store refuses ``UPDATE`` and ``DELETE`` on ``events`` otherwise. The
+    permission is ``SET LOCAL``: it ends with the transaction, so it never outlives the
+    code that asked for it, nor passes to the next user of a pooled connection. ``conn``
+    must be in a transaction (on an autocommit connection the setting would end at once).
+    """
+    if conn.autocommit and conn.info.transaction_status != pq.TransactionStatus.INTRANS:
+        raise ValueError("allow_rewrite needs a transaction (`with conn.transaction():`): it lasts until its end")
+    conn.execute("SELECT set_config(%s, 'on', true)", (REWRITE_SETTING,))
 
 
 def put_snapshot(

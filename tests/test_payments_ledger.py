@@ -175,7 +175,7 @@ def test_charges_without_the_version_check_would_lose_money(runtime: Runtime, co
 def test_accounts_that_existed_before_the_ledger_get_their_opening_event() -> None:
     with scratch_database() as dsn:
         every = payments.SERVICE.migrations()
-        later = {"_events/0001_event_store.sql", "payments/0003_ledger.sql"}
+        later = {m.name for m in every if m.name.startswith("_events/")} | {"payments/0003_ledger.sql"}
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate.apply(conn, "payments", [m for m in every if m.name not in later])
             conn.execute("INSERT INTO payments.accounts VALUES ('old1', 4200), ('old2', 0)")
