@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 from .errors import DatabaseUnavailable
 
@@ -30,5 +32,24 @@ def start(data_dir: Path | None = None) -> str:
         raise DatabaseUnavailable(
             "ESTAFETA_DATABASE_URL=embedded needs pgserver: pip install 'estafeta[embedded]'"
         ) from None
-    server = pgserver.get_server(str(path), cleanup_mode="stop")  # type: ignore[attr-defined]
-    return str(server.get_uri())
+    return str(_join_or_start(pgserver, path).get_uri())
+
+
+def _join_or_start(pgserver: Any, path: Path, wait_s: float = 60.0) -> Any:
+    """pgserver's server for ``path``, waiting out a server that another process is stopping.
+
+    The last process to leave stops the shared server; one that arrives meanwhile finds its
+    ``postmaster.pid`` saying "stopping" and pgserver fails an assertion (and caches the broken
+    handle). That is a moment to wait, not an error: drop the handle and try again.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return pgserver.get_server(str(path), cleanup_mode="stop")
+        except AssertionError:
+            pgserver.PostgresServer._instances.pop(path, None)
+            if time.monotonic() > deadline:
+                raise DatabaseUnavailable(
+                    f"the embedded PostgreSQL in {path} did not start within {wait_s:.0f} s: see {path / 'log'}"
+                ) from None
+            time.sleep(0.5)
