@@ -8,6 +8,7 @@ generate_series``.
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -116,3 +117,29 @@ def test_the_claim_walks_indexes_past_a_blocked_backlog_never_the_table(conn, da
     shown = "\n\n".join(plans)
     assert any("WITH RECURSIVE" in p for p in plans), shown  # the walk past the window ran
     assert not any("Seq Scan on outbox" in p for p in plans), shown
+
+
+def test_past_a_backing_off_key_two_lanes_split_the_rest_and_keep_each_key_in_order(conn, database_url: str) -> None:
+    add(conn, "slow", 0)
+    conn.execute(
+        "UPDATE pingpong.outbox SET attempts = 1, last_error = 'nacked', available_at = now() + interval '1 hour'"
+    )
+    conn.execute(
+        "INSERT INTO pingpong.outbox (message_id, queue_name, actor_name, message, ordering_key)"
+        " SELECT gen_random_uuid(), queue_name, actor_name, message, ordering_key"
+        " FROM pingpong.outbox, generate_series(1, 3000)"
+    )
+    add(conn, "cold", 0)
+    add(conn, None, 0)
+    add(conn, "cold", 1)
+    add(conn, None, 1)
+    add(conn, "cold", 2, delay=timedelta(hours=1))
+
+    def seqs(rows: list[store.OutboxRow]) -> list[tuple[str | None, int]]:
+        return [(row.ordering_key, row.message["args"][0]["seq"]) for row in rows]
+
+    with psycopg.connect(database_url) as lane_a, psycopg.connect(database_url) as lane_b, lane_a.transaction():
+        assert seqs(store.claim_batch(lane_a, SCHEMA, 2)) == [("cold", 0), (None, 0)]
+        with lane_b.transaction():
+            # Key cold's head is held by lane a: its next row waits; the delayed row is not due.
+            assert seqs(store.claim_batch(lane_b, SCHEMA, 10)) == [(None, 1)]
