@@ -95,9 +95,11 @@ def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[
 
     Per key, the rows returned are the key's oldest rows, contiguous, none of them behind
     a row that failed, waits for a retry, or is held by another relay: publishing them
-    in the order returned keeps each key's commit order, whichever relays run. Must run
-    inside a transaction; the rows stay locked (invisible to other relays' claims) until
-    it ends, and it commits asynchronously (``synchronous_commit = off``, see below).
+    in the order returned keeps each key's commit order, whichever relays run. A key whose
+    head row failed or backs off holds back its own rows only: the heads of every other key
+    and the keyless rows are found however many of its rows come first. Must run inside a
+    transaction; the rows stay locked (invisible to other relays' claims) until it ends,
+    and it commits asynchronously (``synchronous_commit = off``, see below).
     """
     # Rows in id order, straight off the pending index: never "fetch every pending row
     # and sort", which a planner without statistics (a backlog just written) would pick,
@@ -108,21 +110,48 @@ def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[
     conn.execute("SELECT set_config('enable_sort', 'off', true), set_config('synchronous_commit', 'off', true)")
     window = max(4 * limit, 1000)
     heads = _claim(conn, "claim_heads", schema, {"limit": limit, "window": window})
-    keys = sorted({row.ordering_key for row in heads if row.ordering_key is not None})
-    if not keys or len(heads) >= limit:
+    if len(heads) >= limit:
         return heads
-    params = {"keys": keys, "heads": [row.id for row in heads], "limit": limit - len(heads), "window": window}
-    followers = _claim(conn, "claim_followers", schema, params)
-    if not followers:
+    # A window full of rows that cannot go now (a blocked key's backlog, rows other relays
+    # hold) may hide heads of other keys past it.
+    hidden = bool(_scalar(conn, "window_full", schema, {"window": window}))
+    if not hidden and all(row.ordering_key is None for row in heads):
         return heads
-    held = _held_back(conn, schema, followers, heads + followers)
-    return sorted(heads + [row for row in followers if row.id not in held], key=lambda row: row.id)
+    # The next queries sort a few candidates; without sorting, the planner would walk the
+    # whole outbox in id order to avoid that.
+    conn.execute("SELECT set_config('enable_sort', 'on', true)")
+    batch = _with_followers(conn, schema, heads, [], limit)
+    if hidden and len(batch) < limit:
+        params = {"limit": limit - len(batch), "claimed": [row.id for row in batch]}
+        more = _claim(conn, "claim_heads_past_window", schema, params)
+        batch = _with_followers(conn, schema, more, batch, limit)
+    return batch
 
 
 def _held_back(conn: psycopg.Connection[Any], schema: str, rows: list[OutboxRow], batch: list[OutboxRow]) -> set[int]:
     """Those of ``rows`` whose key has an older row outside ``batch`` (skipped: someone else locked it)."""
     params = {"ids": [r.id for r in rows], "keys": [r.ordering_key for r in rows], "batch": [r.id for r in batch]}
     return {row[0] for row in conn.execute(query("held_back", schema), params).fetchall()}
+
+
+def _with_followers(
+    conn: psycopg.Connection[Any], schema: str, heads: list[OutboxRow], batch: list[OutboxRow], limit: int
+) -> list[OutboxRow]:
+    """``batch`` with ``heads`` and as many of their keys' next rows as fit in ``limit``, in id order."""
+    claimed = batch + heads
+    keys = sorted({row.ordering_key for row in heads if row.ordering_key is not None})
+    if keys and len(claimed) < limit:
+        params = {"keys": keys, "heads": [row.id for row in claimed], "limit": limit - len(claimed)}
+        followers = _claim(conn, "claim_followers", schema, params)
+        if followers:
+            held = _held_back(conn, schema, followers, claimed + followers)
+            claimed += [row for row in followers if row.id not in held]
+    return sorted(claimed, key=lambda row: row.id)
+
+
+def _scalar(conn: psycopg.Connection[Any], name: str, schema: str, params: dict[str, Any]) -> Any:
+    row = conn.execute(query(name, schema), params).fetchone()
+    return None if row is None else row[0]
 
 
 def _claim(conn: psycopg.Connection[Any], name: str, schema: str, params: dict[str, Any]) -> list[OutboxRow]:

@@ -21,7 +21,13 @@ SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
 -- A key whose head failed or waits for a retry has no head: only that key stops.
 -- Only the first %(window)s due rows are looked at: the plan is then an index scan in id
 -- order whatever the statistics say (a freshly filled outbox has none, and the planner
--- would otherwise check every pending row, every batch).
+-- would otherwise check every pending row, every batch); claim_heads_past_window finds the
+-- heads a window full of a blocked key's rows hides. A row heads its key when it is the
+-- key's first row that counts: one probe of the (ordering_key, id) index, which the planner
+-- memoizes per key (a window full of one key's rows costs one probe, not 2,000). Here and
+-- below a key's rows are asked for as a range of (ordering_key, id) pairs, never as
+-- "ordering_key = ...": a key that holds most rows (the blocked one) would otherwise make
+-- the planner walk the whole outbox in id order to find another key's first row.
 SELECT o.id, o.message_id, o.queue_name, o.actor_name, o.message, o.ordering_key, o.saga_id, o.created_at,
        o.attempts, extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_seconds
 FROM (SELECT id FROM {schema}.outbox
@@ -29,55 +35,137 @@ FROM (SELECT id FROM {schema}.outbox
       ORDER BY id
       LIMIT %(window)s) AS due
 JOIN {schema}.outbox AS o ON o.id = due.id
+LEFT JOIN LATERAL (
+    SELECT first.id FROM {schema}.outbox AS first
+    WHERE first.ordering_key IS NOT NULL
+      AND (first.ordering_key, first.id) >= (o.ordering_key, 0)
+      AND (first.ordering_key, first.id) <= (o.ordering_key, 9223372036854775807)
+      AND NOT (first.status = 'pending' AND first.attempts = 0 AND first.available_at > now())
+    ORDER BY first.ordering_key, first.id
+    LIMIT 1) AS first ON true
 WHERE o.status = 'pending'
   AND o.available_at <= now()
-  AND (o.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {schema}.outbox AS older
-        WHERE older.ordering_key = o.ordering_key
-          AND older.id < o.id
-          AND NOT (older.status = 'pending' AND older.attempts = 0 AND older.available_at > now())))
+  AND (o.ordering_key IS NULL OR o.id = first.id)
 ORDER BY o.id
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED
 
 -- claim_followers --
--- More due rows of the keys whose heads this relay holds, in id order, stopping each key
--- at its first row that failed or waits for a retry: one busy key fills a batch instead
--- of going out one row per round trip. The same window as claim_heads.
+-- More due rows of the keys whose heads this relay holds, in id order, each key's rows up
+-- to its first row that failed or waits for a retry: one busy key fills a batch instead of
+-- going out one row per round trip. Each key is read on its own stretch of the
+-- (ordering_key, id) index, and its first refused row found on outbox_refused, so no other
+-- key's rows (blocked or not) are ever read. The candidates are sorted, never found by
+-- walking the outbox in id order: the caller turns sorting back on for this query.
 SELECT o.id, o.message_id, o.queue_name, o.actor_name, o.message, o.ordering_key, o.saga_id, o.created_at,
        o.attempts, extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_seconds
-FROM (SELECT id FROM {schema}.outbox
-      WHERE status = 'pending' AND available_at <= now()
-      ORDER BY id
-      LIMIT %(window)s) AS due
-JOIN {schema}.outbox AS o ON o.id = due.id
+FROM unnest(%(keys)s::text[]) AS k(ordering_key)
+CROSS JOIN LATERAL (
+    SELECT f.id FROM {schema}.outbox AS f
+    WHERE f.ordering_key IS NOT NULL
+      AND (f.ordering_key, f.id) > (k.ordering_key, 0)
+      AND (f.ordering_key, f.id) < (k.ordering_key,
+            coalesce((SELECT b.id FROM {schema}.outbox AS b
+                      WHERE b.ordering_key = k.ordering_key
+                        AND (b.attempts > 0 OR b.status = 'failed')
+                        AND (b.status = 'failed' OR b.available_at > now())
+                      ORDER BY b.ordering_key, b.id
+                      LIMIT 1), 9223372036854775807))
+      AND f.id <> ALL(%(heads)s::bigint[])
+      AND f.status = 'pending'
+      AND f.available_at <= now()
+    ORDER BY f.ordering_key, f.id
+    LIMIT %(limit)s) AS follower
+JOIN {schema}.outbox AS o ON o.id = follower.id
 WHERE o.status = 'pending'
   AND o.available_at <= now()
-  AND o.ordering_key = ANY(%(keys)s::text[])
-  AND o.id <> ALL(%(heads)s::bigint[])
-  AND NOT EXISTS (
-        SELECT 1 FROM {schema}.outbox AS older
-        WHERE older.ordering_key = o.ordering_key
-          AND older.id < o.id
-          AND (older.status = 'failed' OR (older.attempts > 0 AND older.available_at > now())))
 ORDER BY o.id
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED
+
+-- claim_heads_past_window --
+-- The heads claim_heads misses when its window is full of rows that cannot go now (a
+-- blocked key's backlog): the head of every key, found by a walk over the distinct keys of
+-- the (ordering_key, id) index (a loose index scan: one probe per key, never one per row),
+-- and the oldest keyless rows from their own index. A key's head is its oldest row other
+-- than a delayed one never attempted; a key whose head failed, waits for a retry or is held
+-- by another relay gives nothing. %(claimed)s are the rows this transaction holds already.
+WITH RECURSIVE keys (ordering_key) AS (
+    (SELECT ordering_key FROM {schema}.outbox
+     WHERE ordering_key IS NOT NULL
+     ORDER BY ordering_key
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT next.ordering_key FROM {schema}.outbox AS next
+            WHERE next.ordering_key > keys.ordering_key
+            ORDER BY next.ordering_key
+            LIMIT 1)
+    FROM keys
+    WHERE keys.ordering_key IS NOT NULL
+), candidates (id) AS (
+    SELECT head.id
+    FROM keys
+    CROSS JOIN LATERAL (
+        SELECT h.id, h.status, h.available_at FROM {schema}.outbox AS h
+        WHERE h.ordering_key IS NOT NULL
+          AND (h.ordering_key, h.id) >= (keys.ordering_key, 0)
+          AND (h.ordering_key, h.id) <= (keys.ordering_key, 9223372036854775807)
+          AND NOT (h.status = 'pending' AND h.attempts = 0 AND h.available_at > now())
+        ORDER BY h.ordering_key, h.id
+        LIMIT 1) AS head
+    WHERE head.status = 'pending' AND head.available_at <= now()
+    UNION ALL
+    (SELECT id FROM {schema}.outbox
+     WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= now()
+       AND id <> ALL(%(claimed)s::bigint[])
+     ORDER BY id
+     LIMIT %(limit)s)
+)
+SELECT o.id, o.message_id, o.queue_name, o.actor_name, o.message, o.ordering_key, o.saga_id, o.created_at,
+       o.attempts, extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_seconds
+FROM candidates
+JOIN {schema}.outbox AS o ON o.id = candidates.id
+WHERE o.status = 'pending'
+  AND o.available_at <= now()
+  AND o.id <> ALL(%(claimed)s::bigint[])
+ORDER BY o.id
+LIMIT %(limit)s
+FOR UPDATE OF o SKIP LOCKED
+
+-- window_full --
+-- Whether at least %(window)s rows are due: claim_heads saw only part of them.
+SELECT count(*) >= %(window)s
+FROM (SELECT 1 FROM {schema}.outbox
+      WHERE status = 'pending' AND available_at <= now()
+      ORDER BY id
+      LIMIT %(window)s) AS due
 
 -- held_back --
 -- Claimed rows that must wait after all: an older row of the same key exists outside the
 -- batch (another relay holds it; a transaction that overlapped ours committed it late).
 -- Publishing them now would overtake it. Delayed rows never attempted do not count: a
--- delayed row takes its place in its key's order when it becomes due.
-SELECT b.id
-FROM unnest(%(ids)s::bigint[], %(keys)s::text[]) AS b(id, ordering_key)
-WHERE b.ordering_key IS NOT NULL
-  AND EXISTS (
-        SELECT 1 FROM {schema}.outbox AS older
-        WHERE older.ordering_key = b.ordering_key
-          AND older.id < b.id
+-- delayed row takes its place in its key's order when it becomes due. Per key, the first
+-- row that counts outside the batch: the batch's rows of that key past it wait. One walk
+-- of each key's (ordering_key, id) range, through its rows in the batch, never one per row.
+WITH claimed (id, ordering_key) AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(keys)s::text[])
+), gaps (ordering_key, id) AS (
+    SELECT k.ordering_key, gap.id
+    FROM (SELECT ordering_key, max(id) AS last FROM claimed WHERE ordering_key IS NOT NULL GROUP BY ordering_key) AS k
+    CROSS JOIN LATERAL (
+        SELECT older.id FROM {schema}.outbox AS older
+        WHERE older.ordering_key IS NOT NULL
+          AND (older.ordering_key, older.id) >= (k.ordering_key, 0)
+          AND (older.ordering_key, older.id) < (k.ordering_key, k.last)
           AND older.id <> ALL(%(batch)s::bigint[])
-          AND NOT (older.status = 'pending' AND older.attempts = 0 AND older.available_at > now()))
+          AND NOT (older.status = 'pending' AND older.attempts = 0 AND older.available_at > now())
+        ORDER BY older.ordering_key, older.id
+        LIMIT 1) AS gap
+)
+SELECT claimed.id
+FROM claimed
+JOIN gaps ON gaps.ordering_key = claimed.ordering_key
+WHERE gaps.id < claimed.id
 
 -- delete_published --
 DELETE FROM {schema}.outbox WHERE id = ANY(%(ids)s::bigint[])
