@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import estafeta
-from estafeta import PROBLEM_JSON, App, DatabaseUnavailable, Problem, Runtime
+from estafeta import PROBLEM_JSON, App, DatabaseUnavailable, Problem, Runtime, StatementFailed
 
 from .console import Console
 
@@ -224,6 +224,7 @@ def install_problem_handlers(web: FastAPI) -> None:
     web.add_exception_handler(HTTPException, _on_http_error)
     web.add_exception_handler(RequestValidationError, _on_invalid)
     web.add_exception_handler(DatabaseUnavailable, _on_unavailable)
+    web.add_exception_handler(StatementFailed, _on_refused)
     web.add_exception_handler(Exception, _on_bug)
 
 
@@ -250,6 +251,22 @@ async def _on_unavailable(request: Request, exc: Exception) -> Response:
     headers = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER)}
     problem = Problem(
         "the database is unavailable: retry later", status=503, title="Service Unavailable", headers=headers
+    )
+    return problem_response(problem, request.url.path)
+
+
+async def _on_refused(request: Request, exc: Exception) -> Response:
+    """A conflict or a timeout is worth a retry (503); any other refusal is the server's failure."""
+    assert isinstance(exc, StatementFailed)
+    if not exc.transient:
+        return await _on_bug(request, exc)
+    logger.warning("%s %s: %s", request.method, request.url.path, exc)
+    headers = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER)}
+    problem = Problem(
+        "the database could not finish the request (a conflict or a timeout): retry later",
+        status=503,
+        title="Service Unavailable",
+        headers=headers,
     )
     return problem_response(problem, request.url.path)
 

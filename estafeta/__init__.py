@@ -23,7 +23,14 @@ The names below are the public API; every module under ``estafeta`` is private b
 
 from __future__ import annotations
 
-from sql.errors import DatabaseError, DatabaseUnavailable, EstafetaError, LockNotAcquired, StaleFencingToken
+from sql.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    EstafetaError,
+    LockNotAcquired,
+    StaleFencingToken,
+    StatementFailed,
+)
 
 from ._aggregates import Aggregate, Repository, StreamNotFound, applies
 from ._app import App, Service, load_app
@@ -113,6 +120,7 @@ __all__ = [
     "Settings",
     "SettingsError",
     "StaleFencingToken",
+    "StatementFailed",
     "StepContext",
     "StepEvents",
     "StepSpec",

@@ -37,6 +37,20 @@ class StatementFailed(DatabaseError):
     item and goes on.
     """
 
+    #: SQLSTATEs of a refusal that says nothing about the work itself: the same operation,
+    #: tried again, may pass (a serialization failure, a deadlock, a statement or lock timeout).
+    TRANSIENT_STATES = frozenset({"40001", "40P01", "57014", "55P03"})
+
+    def __init__(self, message: str | None = None, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        #: The SQLSTATE PostgreSQL answered with, when it gave one.
+        self.sqlstate = sqlstate
+
+    @property
+    def transient(self) -> bool:
+        """Whether trying the same operation again may succeed (a conflict or a timeout, not a refusal)."""
+        return self.sqlstate in self.TRANSIENT_STATES
+
 
 class MigrationError(DatabaseError):
     """A migration could not be applied."""

@@ -87,7 +87,7 @@ def translate_errors(where: str) -> Iterator[None]:
     except psycopg.Error as exc:
         if is_outage(exc):
             raise DatabaseUnavailable(f"lost or could not open a connection to {where}: {_first_line(exc)}") from exc
-        raise StatementFailed(f"{where}: {_first_line(exc)}") from exc
+        raise StatementFailed(f"{where}: {_first_line(exc)}", sqlstate=exc.sqlstate) from exc
 
 
 def _first_line(exc: BaseException) -> str:

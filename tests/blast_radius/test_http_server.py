@@ -80,3 +80,29 @@ def test_a_request_whose_handler_fails_answers_500_alone_and_the_server_keeps_se
         assert httpx.get(f"{server.url}/health").status_code == 200
     assert scalar(conn, "SELECT count(*) FROM orders.orders") == ORDERS + 1
     assert scalar(conn, "SELECT count(*) FROM orders.orders WHERE customer_id = %s", POISON) == 1
+
+
+def test_a_conflict_or_timeout_in_a_request_answers_503_with_retry_after(
+    database_url: str, runtime: Any, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """A serialization failure is worth a retry: 503 and Retry-After, not the 500 of a bug."""
+    conn.execute(
+        """CREATE FUNCTION orders.conflicted() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF NEW.customer_id = 'conflict' THEN
+               RAISE EXCEPTION 'could not serialize' USING ERRCODE = 'serialization_failure';
+             END IF;
+             RETURN NEW;
+           END $$"""
+    )
+    conn.execute(
+        "CREATE TRIGGER conflicted BEFORE INSERT ON orders.orders FOR EACH ROW EXECUTE FUNCTION orders.conflicted()"
+    )
+    try:
+        with serving(database_url, tmp_path, "--no-access-log") as server:
+            answer = place(server, "conflict", str(uuid.uuid4()))
+            assert answer.status_code == 503 and answer.headers["Retry-After"]
+            assert answer.headers["Content-Type"] == "application/problem+json"
+            assert place(server, "c1", str(uuid.uuid4())).status_code == 201
+    finally:
+        conn.execute("DROP FUNCTION IF EXISTS orders.conflicted() CASCADE")
