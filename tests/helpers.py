@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import time
 import uuid
 from collections.abc import Callable
@@ -46,3 +47,23 @@ def wait_until(check: Callable[[], bool], timeout: float = 20.0, interval: float
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def without_docstrings(source: str) -> str:
+    """``source`` without its docstrings (and the blank line after a class's), as a page quotes code."""
+    lines = source.splitlines(keepends=True)
+    dropped: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            end = body[0].end_lineno or body[0].lineno
+            dropped.update(range(body[0].lineno - 1, end))
+            if end < len(lines) and lines[end].strip() == "":
+                dropped.add(end)  # the blank line after a class's docstring
+    return "".join(line for i, line in enumerate(lines) if i not in dropped)

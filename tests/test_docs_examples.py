@@ -19,7 +19,6 @@ must do, page by page, in the page's own namespace:
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import re
 import shlex
@@ -37,6 +36,7 @@ from sybil.evaluators.python import PythonEvaluator
 from sybil.parsers.abstract.lexers import LexerCollection
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer, FencedCodeBlockLexer
 
+from .helpers import without_docstrings
 from .test_docs import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def check_quote(block: str, path: Path) -> None:
     may leave definitions out between them.
     """
     assert path.is_file(), f"the quoted file {path} does not exist"
-    source = textwrap.dedent(_without_docstrings(path.read_text()))
+    source = textwrap.dedent(without_docstrings(path.read_text()))
     for part in textwrap.dedent(block).split("\n\n\n"):
         assert part.strip() in source, f"not a verbatim piece of {path}:\n{part}"
 
@@ -124,25 +124,6 @@ def check_includes(block: str) -> None:
         name = re.match(r'\s*--8<--\s+"([^":]+)', line)
         assert name, f"not an include line: {line!r}"
         assert (ROOT / name.group(1)).is_file(), f"{name.group(1)} does not exist"
-
-
-def _without_docstrings(source: str) -> str:
-    lines = source.splitlines(keepends=True)
-    dropped: set[int] = set()
-    for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            end = body[0].end_lineno or body[0].lineno
-            dropped.update(range(body[0].lineno - 1, end))
-            if end < len(lines) and lines[end].strip() == "":
-                dropped.add(end)  # the blank line after a class's docstring
-    return "".join(line for i, line in enumerate(lines) if i not in dropped)
 
 
 def commands(block: str) -> Iterator[list[str]]:

@@ -7,7 +7,6 @@ the flows run a Dramatiq worker and the relay in this process (:func:`estafeta.r
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
@@ -36,7 +35,7 @@ from estafeta import (
 )
 from examples.lending import BooksOnLoan, LendBook, ReturnBook, add_book, app, book_id, lending, store
 
-from .helpers import message_for, scalar, wait_until
+from .helpers import message_for, scalar, wait_until, without_docstrings
 from .integration import processes
 from .integration.processes import BIN, ROOT, service_env
 from .services import scratch_database
@@ -302,25 +301,9 @@ def test_the_docs_quote_the_example_as_it_is() -> None:
     page = (ROOT / "docs" / "how-to" / "event-sourced-service.md").read_text()
     blocks = re.findall(r"```python[^\n]*\n(.*?)```", page, re.DOTALL)
     assert len(blocks) >= 4
-    quoted = [_without_docstrings(Path(lending_example.__file__)), _without_docstrings(Path(__file__))]
+    quoted = [
+        without_docstrings(Path(lending_example.__file__).read_text()),
+        without_docstrings(Path(__file__).read_text()),
+    ]
     for block in blocks:
         assert any(block in source for source in quoted), f"the page's block is in neither file:\n{block}"
-
-
-def _without_docstrings(path: Path) -> str:
-    source = path.read_text()
-    lines = source.splitlines(keepends=True)
-    dropped: set[int] = set()
-    for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-        ):
-            first = body[0]
-            dropped.update(range(first.lineno - 1, (first.end_lineno or first.lineno)))
-            if lines[first.end_lineno or first.lineno].strip() == "":
-                dropped.add(first.end_lineno or first.lineno)  # the blank line after a class's docstring
-    return "".join(line for i, line in enumerate(lines) if i not in dropped)
