@@ -45,6 +45,10 @@ def closed_port() -> int:
 
 @pytest.fixture
 def rabbitmq(amqp_url: str) -> Iterator[tuple[dramatiq.Broker, RabbitmqPublisher]]:
+    # The run's vhost is shared: another test's relay may have left messages in relaycheck.
+    with pika.BlockingConnection(pika.URLParameters(amqp_url)) as conn:
+        for queue in ("relaycheck", "relaycheck.DQ", "relaycheck.XQ"):
+            conn.channel().queue_delete(queue)
     broker = broker_from_url(amqp_url)
     publisher = publisher_for(broker)
     assert isinstance(publisher, RabbitmqPublisher)
