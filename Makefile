@@ -39,10 +39,12 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -m integration
 
+## Lint, format, layering (import-linter) and no run-time import cycle (module- or function-level).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_import_cycles.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

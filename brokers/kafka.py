@@ -27,11 +27,16 @@ import time
 from typing import Any, NoReturn
 
 import dramatiq
-import dramatiq.errors
 from confluent_kafka import KafkaError, KafkaException, Producer
 from dramatiq.common import current_millis, dq_name, xq_name
 
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
+
+# What the consumer and the publisher share with the broker; its names stay importable from here.
+from .kafka_records import Headers as Headers
+from .kafka_records import KafkaRefused as KafkaRefused
+from .kafka_records import KafkaUnreachable as KafkaUnreachable
+from .kafka_records import message_headers as message_headers
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, is_unreachable
 
 logger = logging.getLogger(__name__)
@@ -40,43 +45,6 @@ logger = logging.getLogger(__name__)
 DELIVERY_TIMEOUT = 30.0
 #: The name workers' producers and consumers carry on the broker.
 CLIENT_ID = "estafeta-worker"
-
-#: Kafka record headers, as confluent-kafka takes and returns them.
-Headers = list[tuple[str, str | bytes | None]]
-
-
-class KafkaUnreachable(dramatiq.errors.ConnectionClosed):
-    """Kafka could not be reached, or did not acknowledge a record in time: try again later.
-
-    A ``ConnectionClosed``, so Dramatiq's consumer threads restart and its ``ack``/``nack``
-    handling retries, as with the other brokers.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)  # type: ignore[no-untyped-call]
-
-
-class KafkaRefused(dramatiq.errors.BrokerError):
-    """Kafka refused a record or a topic: trying again will not help until the cause is fixed."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)  # type: ignore[no-untyped-call]
-
-
-def message_headers(message_id: str, options: dict[str, Any], saga_id: object = None) -> Headers:
-    """The Kafka headers of a message: its id, and its saga id and trace context when it has them.
-
-    The same values are inside the Dramatiq message; as headers, Kafka tooling (and
-    consumers that do not decode Dramatiq's encoding) can route and trace on them.
-    """
-    headers: Headers = [("message_id", message_id.encode())]
-    saga = saga_id if saga_id is not None else options.get("saga_id")
-    if saga is not None:
-        headers.append(("saga_id", str(saga).encode()))
-    for name in ("traceparent", "tracestate"):  # W3C trace context, as the options carry it
-        if options.get(name):
-            headers.append((name, str(options[name]).encode()))
-    return headers
 
 
 class _Delivery:

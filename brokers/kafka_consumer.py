@@ -36,17 +36,20 @@ import logging
 import queue
 import time
 from collections import Counter, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
 import dramatiq.errors
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from .kafka import Headers, KafkaBroker, KafkaRefused, KafkaUnreachable
+from .batches import describe
 from .kafka_config import ClientLog
 from .kafka_offsets import PartitionOffsets
+from .kafka_records import Headers, KafkaRefused, KafkaUnreachable
 from .kafka_topics import error_text
-from .publish import describe
+
+if TYPE_CHECKING:
+    from .kafka import KafkaBroker
 
 logger = logging.getLogger(__name__)
 

@@ -17,16 +17,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from sql.outbox import OutboxRow
 
-from .kafka import KafkaBroker, message_headers
+from .batches import PublishOutcome, after_refusals, describe, encode
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
+from .kafka_records import message_headers
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, error_text, is_unreachable
-from .publish import PublishOutcome, after_refusals, describe, encode
+
+if TYPE_CHECKING:
+    from .kafka import KafkaBroker
 
 logger = logging.getLogger(__name__)
 

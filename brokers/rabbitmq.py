@@ -31,7 +31,7 @@ from dramatiq.common import dq_name, xq_name
 
 from sql.outbox import OutboxRow
 
-from .publish import PublishOutcome, after_refusals, describe, encode, encode_each
+from .batches import PublishOutcome, after_refusals, describe, encode, encode_each
 
 logger = logging.getLogger(__name__)
 

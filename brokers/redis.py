@@ -28,7 +28,7 @@ from redis.retry import Retry
 
 from sql.outbox import OutboxRow
 
-from .publish import PublishOutcome, describe, encode, encode_each
+from .batches import PublishOutcome, describe, encode, encode_each
 
 logger = logging.getLogger(__name__)
 

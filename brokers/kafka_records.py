@@ -1,0 +1,48 @@
+"""What the Kafka broker, its consumer and the relay's Kafka publisher share: a record's headers, and the errors.
+
+Kept apart from :mod:`brokers.kafka` so that :mod:`brokers.kafka_consumer` and
+:mod:`brokers.kafka_publish`, which the broker builds, never import the broker's module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq.errors
+
+#: Kafka record headers, as confluent-kafka takes and returns them.
+Headers = list[tuple[str, str | bytes | None]]
+
+
+class KafkaUnreachable(dramatiq.errors.ConnectionClosed):
+    """Kafka could not be reached, or did not acknowledge a record in time: try again later.
+
+    A ``ConnectionClosed``, so Dramatiq's consumer threads restart and its ``ack``/``nack``
+    handling retries, as with the other brokers.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)  # type: ignore[no-untyped-call]
+
+
+class KafkaRefused(dramatiq.errors.BrokerError):
+    """Kafka refused a record or a topic: trying again will not help until the cause is fixed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)  # type: ignore[no-untyped-call]
+
+
+def message_headers(message_id: str, options: dict[str, Any], saga_id: object = None) -> Headers:
+    """The Kafka headers of a message: its id, and its saga id and trace context when it has them.
+
+    The same values are inside the Dramatiq message; as headers, Kafka tooling (and
+    consumers that do not decode Dramatiq's encoding) can route and trace on them.
+    """
+    headers: Headers = [("message_id", message_id.encode())]
+    saga = saga_id if saga_id is not None else options.get("saga_id")
+    if saga is not None:
+        headers.append(("saga_id", str(saga).encode()))
+    for name in ("traceparent", "tracestate"):  # W3C trace context, as the options carry it
+        if options.get(name):
+            headers.append((name, str(options[name]).encode()))
+    return headers

@@ -1,0 +1,128 @@
+"""Fail when modules import each other in a loop at run time; print each loop on one line.
+
+    python scripts/check_import_cycles.py [PACKAGE ...]   # run by `make lint`
+
+The packages default to import-linter's ``root_packages`` in ``pyproject.toml``; run it
+from the repository root (the current directory comes first on ``sys.path``).
+
+A run-time import is a module-level or a function-level one: a function-level import
+runs the first time its function is called, so a loop it closes is a loop all the same,
+only hidden, and which name exists yet depends on the order modules happen to load in.
+An import under ``if TYPE_CHECKING:`` never runs (the project's ``from __future__ import
+annotations`` keeps every annotation a string), so a loop closed only by one ties two
+modules' types, not their loading; the layering contracts of import-linter still count it.
+A loop through a package's ``__init__`` counts too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import tomllib
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import grimp
+
+Graph = Mapping[str, Sequence[str]]
+
+
+def run_time_imports(packages: Sequence[str]) -> tuple[grimp.ImportGraph, dict[str, list[str]]]:
+    """The import graph of ``packages`` (theirs only) without type-checking imports, and each module's imports."""
+    graph = grimp.build_graph(*packages, exclude_type_checking_imports=True, cache_dir=None)
+    imports = {module: sorted(graph.find_modules_directly_imported_by(module)) for module in sorted(graph.modules)}
+    return graph, imports
+
+
+def tangles(imports: Graph) -> Iterator[list[str]]:
+    """Each set of two or more modules that all reach each other (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+
+    def visit(module: str) -> Iterator[list[str]]:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in imports[module]:
+            if imported not in index:
+                yield from visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            tangle: list[str] = []
+            while not tangle or tangle[-1] != module:
+                tangle.append(stack.pop())
+                on_stack.discard(tangle[-1])
+            if len(tangle) > 1:
+                yield sorted(tangle)
+
+    for module in imports:
+        if module not in index:
+            yield from visit(module)
+
+
+def shortest_loop(imports: Graph, start: str, within: set[str]) -> list[str]:
+    """The shortest chain of imports from ``start`` back to itself, through ``within`` only."""
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        module = queue.popleft()
+        for imported in imports[module]:
+            if imported == start:
+                chain = [module]
+                while chain[-1] != start:
+                    chain.append(came_from[chain[-1]])
+                return [start, *reversed(chain[:-1]), start]
+            if imported in within and imported not in came_from:
+                came_from[imported] = module
+                queue.append(imported)
+    raise ValueError(f"{start} is in no loop")
+
+
+def describe_loop(graph: grimp.ImportGraph, loop: Sequence[str], tangle: Sequence[str]) -> str:
+    """One line: the loop, each import with the line that makes it, and the other modules tied in."""
+    steps = []
+    for importer, imported in itertools.pairwise(loop):
+        line = min(detail["line_number"] for detail in graph.get_import_details(importer=importer, imported=imported))
+        steps.append(f"{importer} -> {imported} ({source_of(importer)}:{line})")
+    others = sorted(set(tangle) - set(loop))
+    also = f"; also in this loop: {', '.join(others)}" if others else ""
+    return f"import cycle: {', '.join(steps)}{also}"
+
+
+def source_of(module: str) -> Path:
+    """The file of ``module``, relative to the current directory."""
+    path = Path(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def root_packages() -> list[str]:
+    """import-linter's ``root_packages``, read from ``pyproject.toml`` in the current directory."""
+    with open("pyproject.toml", "rb") as file:
+        return list(tomllib.load(file)["tool"]["importlinter"]["root_packages"])
+
+
+def main(argv: Sequence[str]) -> int:
+    """Print each run-time import cycle of the packages on one line; 1 if there is any, else 0."""
+    sys.path.insert(0, os.getcwd())
+    packages = list(argv) or root_packages()
+    graph, imports = run_time_imports(packages)
+    found = 0
+    for tangle in tangles(imports):
+        found += 1
+        print(describe_loop(graph, shortest_loop(imports, tangle[0], set(tangle)), tangle))
+    if found:
+        print(f"{found} run-time import cycle(s) in {', '.join(packages)}: move what both sides share into a module")
+        print("of its own, or pass the dependency in (an `if TYPE_CHECKING:` import is enough for annotations).")
+        return 1
+    print(f"No run-time import cycle in {', '.join(packages)}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
