@@ -52,10 +52,10 @@ def _primary_key(conn: psycopg.Connection[object], schema: str, table: str) -> l
 
 
 @pytest.mark.parametrize("service", [s.name for s in all_services()])
-def test_every_service_gets_the_outbox_and_inbox_the_code_expects(service: str, conn, runtime) -> None:
-    assert _columns(conn, service, "outbox") == OUTBOX_COLUMNS
-    assert _columns(conn, service, "inbox") == INBOX_COLUMNS
-    assert _primary_key(conn, service, "inbox") == ["consumer", "message_id"]
+def test_every_service_gets_the_outbox_and_inbox_the_code_expects(service: str, schema_conn) -> None:
+    assert _columns(schema_conn, service, "outbox") == OUTBOX_COLUMNS
+    assert _columns(schema_conn, service, "inbox") == INBOX_COLUMNS
+    assert _primary_key(schema_conn, service, "inbox") == ["consumer", "message_id"]
 
 
 def _assert_prepares(conn: psycopg.Connection[object], name: str, query: sql.Composed) -> None:
@@ -68,14 +68,14 @@ def _assert_prepares(conn: psycopg.Connection[object], name: str, query: sql.Com
 
 @pytest.mark.parametrize("service", [s.name for s in all_services()])
 @pytest.mark.parametrize("name", queries.names())
-def test_every_named_query_compiles_against_the_migrated_schema(service: str, name: str, conn, runtime) -> None:
-    _assert_prepares(conn, name, queries.query(name, service))
+def test_every_named_query_compiles_against_the_migrated_schema(service: str, name: str, schema_conn) -> None:
+    _assert_prepares(schema_conn, name, queries.query(name, service))
 
 
 @pytest.mark.parametrize("saga", sorted(SAGAS))
 @pytest.mark.parametrize("name", sagas.names())
-def test_every_saga_query_compiles_against_the_saga_tables(saga: str, name: str, conn, runtime) -> None:
-    _assert_prepares(conn, name, sagas.query(name, SAGAS[saga].table))
+def test_every_saga_query_compiles_against_the_saga_tables(saga: str, name: str, schema_conn) -> None:
+    _assert_prepares(schema_conn, name, sagas.query(name, SAGAS[saga].table))
 
 
 def test_applying_twice_applies_nothing_the_second_time(database_url: str) -> None:
