@@ -80,6 +80,8 @@ def serve_command(
     missing = _missing()
     if missing:
         raise click.UsageError(f"needs {', '.join(missing)}: pip install 'estafeta[http]'")
+    if console_port is None and click.get_current_context().get_parameter_source("console_host") not in _DEFAULTS:
+        raise click.BadParameter("means nothing without --console-port: give both", param_hint="--console-host")
     context = current()
     listener = _listener(context, allow_actions, port, console_port)
     _check_migrated(context)
@@ -87,6 +89,10 @@ def serve_command(
     console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
     click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
     _run(web, (host, port), (console_host, console_port), access_log)
+
+
+#: How an option left at its default was set (not by the user).
+_DEFAULTS = (click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP)
 
 
 def _listener(context: AppContext, allow_actions: bool, port: int, console_port: int | None) -> WebListener:

@@ -56,6 +56,7 @@ def env(database_url: str) -> dict[str, str]:
         (["outbox", "stats", "--service", "nope"], "estafeta outbox stats: Invalid value for --service"),
         (["migrate", "--service", "nope"], "estafeta migrate: Invalid value for --service"),
         (["no-such-command"], "estafeta: No such command 'no-such-command'"),
+        (["serve", "--console-host", "0.0.0.0"], "estafeta serve: Invalid value for --console-host"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(env: dict[str, str], args: list[str], expected: str) -> None:
