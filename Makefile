@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test unit integration lint typecheck bench clean docs docs-serve system-deps
+.PHONY: demo test test-heavy unit integration lint typecheck bench clean docs docs-serve system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,11 +15,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/estafeta demo
 
-## The whole suite: lint, types, layering, unit and integration tests (and the docs' code blocks).
-## As root it first installs the system packages the suite needs (make system-deps).
+## The suite: lint, types, layering, unit and integration tests (and the docs' code blocks),
+## all but the long runs marked heavy. As root it first installs the system packages the
+## suite needs (make system-deps).
 test: $(STAMP) lint typecheck
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not heavy"
+
+## The long runs (volume under kills, clusters, failover, network faults, a pip install);
+## .ci/run runs them after make test, so CI runs every test.
+test-heavy: $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
+	$(BIN)/pytest -m heavy
 
 ## The Debian packages the suite needs that pip cannot install: Chromium, chromedriver, Prometheus.
 system-deps:
