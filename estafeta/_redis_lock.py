@@ -22,17 +22,27 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from brokers import redact_url, split_namespace
 from sql.errors import EstafetaError, LockNotAcquired
 
+if TYPE_CHECKING:
+    import redis
+
 logger = logging.getLogger(__name__)
+
+
+def _redis() -> ModuleType:
+    """redis-py, imported on first use: importing it (with its asyncio and observability
+    modules) is half of every estafeta process's start, and most processes hold no Redis lock."""
+    import redis
+
+    return redis
+
 
 #: Servers are independent (not replicas), so clocks drift apart: Redlock's allowance.
 CLOCK_DRIFT_FACTOR = 0.01
@@ -90,13 +100,17 @@ class _Node:
         plain, namespace = split_namespace(url)
         self.description = redact_url(plain)
         self.prefix = f"{namespace}:estafeta" if namespace else "estafeta"
-        self.client: redis.Redis = redis.Redis.from_url(
+        lib = _redis()
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.client: redis.Redis = lib.Redis.from_url(
             plain,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             # One immediate reconnect (a server restarted under a pooled connection), no
             # backoff: waiting is the lock's business, bounded by its own deadline.
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+            retry=Retry(NoBackoff(), 1, supported_errors=(lib.ConnectionError,)),
         )
         self.acquire = self.client.register_script(_ACQUIRE)
         self.raise_counter = self.client.register_script(_RAISE_COUNTER)
@@ -187,7 +201,7 @@ class Redlock:
         for index, node in enumerate(self.nodes):
             try:
                 counter = int(node.acquire(keys=node.keys(key), args=[value, ttl_ms]))
-            except redis.RedisError as exc:
+            except _redis().RedisError as exc:
                 failures.append(f"{node.description}: {exc}")
                 continue
             if counter:
@@ -214,7 +228,7 @@ class Redlock:
             try:
                 if counter == token or node.raise_counter(keys=node.keys(key), args=[value, token]):
                     kept[index] = token
-            except redis.RedisError as exc:
+            except _redis().RedisError as exc:
                 logger.warning("lock %r: could not raise the token counter on %s: %s", key, node.description, exc)
         return kept
 
@@ -228,7 +242,7 @@ class Redlock:
         for node in self.nodes:
             try:
                 released += int(node.release(keys=node.keys(key)[:1], args=[value]))
-            except redis.RedisError as exc:
+            except _redis().RedisError as exc:
                 # Debug only: with a server down this happens on every failed round, and the
                 # lease there expires by itself.
                 logger.debug("lock %r: could not release on %s (expires by itself): %s", key, node.description, exc)
@@ -240,7 +254,7 @@ class Redlock:
         started = time.monotonic()
         extended = 0
         for node in self.nodes:
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(_redis().RedisError):
                 extended += int(node.extend(keys=node.keys(lock.key)[:1], args=[lock.value, ttl_ms]))
         valid_until = _lease_end(started, ttl_ms)
         if extended < self.quorum or valid_until <= time.monotonic():
@@ -254,7 +268,7 @@ class Redlock:
         server restarted empty): the next acquisition then gets a token the fence accepts.
         """
         for node in self.nodes:
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(_redis().RedisError):
                 node.advance_counter(keys=node.keys(key)[1:], args=[at_least])
 
     def close(self) -> None:
