@@ -261,10 +261,14 @@ def test_a_late_charge_after_the_saga_gave_up_is_undone_or_refused(
 
 def test_the_watchdog_sends_a_lost_command_again(runtime: Runtime, conn, courier: Courier, watchdog: Watchdog) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=60)
     lost = courier.take(CHARGE)
     assert watchdog.check_once() == {}  # not yet past the deadline
-    overdue(0.05)
+    table = ORDER_SAGA.table
+    conn.execute(  # the minute passes (a slow machine cannot make the first check see it passed)
+        f"UPDATE {table.schema}.{table.table} SET deadline_at = now() - interval '1 second' WHERE saga_id = %s",
+        (placed.saga_id,),
+    )
     assert watchdog.check_once() == {"resent": 1}
     (again,) = courier.pending(CHARGE)
     # The same command and the same question (step, version), as a new message: a new attempt.
