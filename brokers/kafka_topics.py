@@ -3,8 +3,8 @@
 Kafka clusters often refuse to create topics on first use (``auto.create.topics.enable``
 is off), and a topic created that way gets the cluster's default partition count, not
 the one configured. So estafeta asks for the cluster's topic list (which never creates
-anything) and creates the missing ones itself, with the configured partitions and
-replication; a topic that exists is used as it is.
+anything) and creates the missing ones itself, with the configured partitions,
+replication and ``min.insync.replicas``; a topic that exists is used as it is.
 """
 
 from __future__ import annotations
@@ -151,6 +151,9 @@ class TopicDeclarer:
     def _new_topic(self, topic: str) -> NewTopic:
         # Dead letters are kept as long as Dramatiq keeps them on its other brokers.
         config = {"retention.ms": str(DEAD_MESSAGE_TTL)} if topic.endswith(".XQ") else {}
+        if self.config.min_insync_replicas is not None:
+            # How many copies acks=all waits for; without it, the cluster's default (Kafka's is 1).
+            config["min.insync.replicas"] = str(self.config.min_insync_replicas)
         return NewTopic(
             topic,
             num_partitions=self.config.partitions,

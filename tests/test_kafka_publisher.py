@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import KafkaError
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from brokers import broker_from_url
 from brokers.kafka import KafkaBroker, KafkaUnreachable
@@ -101,6 +101,20 @@ def test_refused_rows_count_an_attempt_and_hold_only_their_key(kafka_url) -> Non
     assert "Message size too large" in outcome.failed[3]
     assert publisher.publish([row(7, key="d")]).confirmed == [7]
     publisher.close()
+
+
+def test_topics_estafeta_creates_get_the_partitions_and_in_sync_replicas_of_the_url(kafka_url) -> None:
+    url = kafka_url + "&partitions=12&replication_factor=3&min_insync_replicas=2"
+    publisher = publisher_for(broker_from_url(url), confirm_timeout=5)
+    assert publisher.publish([row(1, key="a")]).confirmed == [1]
+    publisher.close()
+    config = parse_kafka_url(url)
+    admin = AdminClient({"bootstrap.servers": config.bootstrap})
+    for name in ("relaycheck", "relaycheck.DQ", "relaycheck.XQ"):
+        topic = config.topic(name)
+        assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 12
+        (described,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+        assert described.result(10)["min.insync.replicas"].value == "2"
 
 
 def test_an_existing_topic_is_used_as_it_is(kafka_url) -> None:
