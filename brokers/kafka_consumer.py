@@ -2,10 +2,12 @@
 
 Dramatiq calls ``ack`` and ``nack`` from its worker threads; the Kafka consumer is used
 by the consumer thread alone. So ``ack`` only hands the message over (a thread-safe
-queue), ``nack`` first writes the dead letter (and waits for Kafka's ack, on the calling
-thread, as Dramatiq's other brokers do), and the consumer thread, each time Dramatiq asks
-it for a message, settles what was handed over and commits every partition up to its
-lowest unfinished offset (:class:`brokers.kafka_offsets.PartitionOffsets`).
+queue; first it produces the message's retry if Kafka did not take it when Dramatiq's
+``Retries`` middleware did, which swallows the error), ``nack`` first writes the dead
+letter (and waits for Kafka's ack, on the calling thread, as Dramatiq's other brokers do),
+and the consumer thread, each time Dramatiq asks it for a message, settles what was
+handed over and commits every partition up to its lowest unfinished offset
+(:class:`brokers.kafka_offsets.PartitionOffsets`).
 
 Flow control: at most ``prefetch`` messages are unfinished at once. While that many are,
 the consumer takes nothing more from librdkafka and waits for acknowledgements; if that
