@@ -111,14 +111,25 @@ class KafkaBroker(dramatiq.Broker):
         Raises :class:`KafkaUnreachable` if Kafka did not acknowledge it within the delivery
         timeout, :class:`KafkaRefused` if Kafka refused it.
         """
-        queue_name = message.queue_name
+        from .kafka_consumer import KafkaMessage
+
+        queue_name, delivered = message.queue_name, message
         if delay is not None:
             queue_name = dq_name(queue_name)
             message = message.copy(queue_name=queue_name, options={"eta": current_millis() + delay})
         self.ensure_topics(queue_name)
         self.emit_before("enqueue", message, delay)
+        topic, value = self.config.topic(queue_name), message.encode()
         headers = message_headers(message.message_id, message.options)
-        self.produce(self.config.topic(queue_name), message.encode(), headers=headers)
+        try:
+            self.produce(topic, value, headers=headers)
+        except KafkaUnreachable:
+            # Dramatiq's Retries middleware re-enqueues a failed message from a hook that
+            # swallows this error, and the message is acknowledged next: its retry would be
+            # lost. The consumed message keeps the record, and its acknowledgement produces it.
+            if isinstance(delivered, KafkaMessage):
+                delivered.unsent = (topic, value, headers)
+            raise
         self.emit_after("enqueue", message, delay)
         return message
 

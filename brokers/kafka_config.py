@@ -6,8 +6,9 @@ parameters (no dot in their name):
 - ``topic_prefix`` (default empty): queue ``Q`` lives in topic ``<prefix>Q``, its delay
   topic is ``<prefix>Q.DQ`` and its dead letters go to ``<prefix>Q.XQ`` (Dramatiq's
   queue names, so ``dramatiq`` tooling reads them as it reads the other brokers' queues);
-- ``partitions`` (default 6) and ``replication_factor`` (default -1, the cluster's
-  ``default.replication.factor``): of the topics estafeta creates when they are missing
+- ``partitions`` (default 6), ``replication_factor`` (default -1, the cluster's
+  ``default.replication.factor``) and ``min_insync_replicas`` (default: the cluster's
+  ``min.insync.replicas``): of the topics estafeta creates when they are missing
   (existing topics are used as they are);
 - ``group`` (default ``estafeta``): the consumer group of queue ``Q`` is ``<group>.<topic>``,
   one group per queue, so workers serving different sets of queues never share a group;
@@ -68,6 +69,8 @@ class KafkaConfig:
     topic_prefix: str = ""
     partitions: int = 6
     replication_factor: int = -1
+    #: ``min.insync.replicas`` of the topics estafeta creates (``None``: the cluster's default).
+    min_insync_replicas: int | None = None
     group: str = "estafeta"
     #: Seconds a revoked partition's in-flight messages may take to finish before they are abandoned.
     rebalance_grace: float = 5.0
@@ -137,6 +140,10 @@ def parse_kafka_url(url: str) -> KafkaConfig:
             "sasl.password": unquote(password),
             **common,
         }
+    replicas, in_sync = options.get("replication_factor", -1), options.get("min_insync_replicas")
+    if in_sync is not None and replicas > 0 and in_sync > replicas:
+        why = "Kafka could acknowledge no write"
+        raise ValueError(f"min_insync_replicas {in_sync} is more than replication_factor {replicas}: {why}")
     return KafkaConfig(servers=servers, common=common, producer=producer, consumer=consumer, **options)
 
 
@@ -175,6 +182,7 @@ _OPTIONS = {
     "topic_prefix": "topic_prefix",
     "partitions": "partitions",
     "replication_factor": "replication_factor",
+    "min_insync_replicas": "min_insync_replicas",
     "group": "group",
     "rebalance_grace_ms": "rebalance_grace",
 }
@@ -198,7 +206,7 @@ def _option(name: str, value: str) -> Any:
         if not value:
             raise ValueError("group is empty")
         return value
-    minimum = {"partitions": 1, "replication_factor": -1, "rebalance_grace_ms": 0}[name]
+    minimum = {"partitions": 1, "replication_factor": -1, "min_insync_replicas": 1, "rebalance_grace_ms": 0}[name]
     try:
         number = int(value)
     except ValueError:

@@ -2,10 +2,12 @@
 
 Dramatiq calls ``ack`` and ``nack`` from its worker threads; the Kafka consumer is used
 by the consumer thread alone. So ``ack`` only hands the message over (a thread-safe
-queue), ``nack`` first writes the dead letter (and waits for Kafka's ack, on the calling
-thread, as Dramatiq's other brokers do), and the consumer thread, each time Dramatiq asks
-it for a message, settles what was handed over and commits every partition up to its
-lowest unfinished offset (:class:`brokers.kafka_offsets.PartitionOffsets`).
+queue; first it produces the message's retry if Kafka did not take it when Dramatiq's
+``Retries`` middleware did, which swallows the error), ``nack`` first writes the dead
+letter (and waits for Kafka's ack, on the calling thread, as Dramatiq's other brokers do),
+and the consumer thread, each time Dramatiq asks it for a message, settles what was
+handed over and commits every partition up to its lowest unfinished offset
+(:class:`brokers.kafka_offsets.PartitionOffsets`).
 
 Flow control: at most ``prefetch`` messages are unfinished at once. While that many are,
 the consumer takes nothing more from librdkafka and waits for acknowledgements; if that
@@ -80,6 +82,8 @@ class KafkaMessage(dramatiq.MessageProxy):
         self.kafka_offset = offset
         self.kafka_key = record.key()
         self.kafka_headers = headers_of(record)
+        #: A record Kafka did not take while this message was processed (its retry): topic, value, headers.
+        self.unsent: tuple[str, bytes, Headers] | None = None
         self._offsets = offsets
 
 
@@ -127,9 +131,22 @@ class KafkaConsumer(dramatiq.Consumer):
     # -- what Dramatiq calls ----------------------------------------------------
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
-        """Mark ``message`` finished (from any thread); its offset is committed by the consumer thread."""
-        if isinstance(message, KafkaMessage):
-            self.handed_over.put(message)
+        """Mark ``message`` finished (from any thread); its offset is committed by the consumer thread.
+
+        A retry Kafka did not take while the message was processed is produced first: raises
+        :class:`KafkaUnreachable` while Kafka cannot take it (Dramatiq then tries the ack again,
+        and the offset does not move past the message meanwhile).
+        """
+        if not isinstance(message, KafkaMessage):
+            return
+        if message.unsent is not None:
+            topic, value, headers = message.unsent
+            try:
+                self.broker.produce(topic, value, headers=headers)
+            except KafkaRefused as exc:
+                logger.error("the retry of message %s is lost: %s", message.message_id, exc)
+            message.unsent = None
+        self.handed_over.put(message)
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
         """Write ``message`` to the dead-letter topic, with the reason, then mark it finished.

@@ -75,7 +75,7 @@ class _Batch:
         elif error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
             # Deleted behind our back: not the row's fault; the topic is created again.
             self.unknown_topics.add(row.queue_name)
-        elif is_unreachable(error) or error.code() == KafkaError._MSG_TIMED_OUT:
+        elif is_unreachable(error):  # no ack in time, too few in-sync replicas, no leader...
             self.outage = self.outage or f"Kafka did not acknowledge records for {topic!r}: {error.str()}"
         else:
             self.failed[row.id] = f"Kafka refused the record for topic {topic!r}: {error.str()}"

@@ -3,8 +3,8 @@
 Kafka clusters often refuse to create topics on first use (``auto.create.topics.enable``
 is off), and a topic created that way gets the cluster's default partition count, not
 the one configured. So estafeta asks for the cluster's topic list (which never creates
-anything) and creates the missing ones itself, with the configured partitions and
-replication; a topic that exists is used as it is.
+anything) and creates the missing ones itself, with the configured partitions,
+replication and ``min.insync.replicas``; a topic that exists is used as it is.
 """
 
 from __future__ import annotations
@@ -34,6 +34,22 @@ UNREACHABLE = {
     KafkaError.COORDINATOR_NOT_AVAILABLE,
     KafkaError.LEADER_NOT_AVAILABLE,
 }
+#: Errors that mean "the cluster cannot take this write now", a state of the cluster and
+#: never of the record: fewer in-sync replicas than the topic's ``min.insync.replicas``
+#: (before or after the leader appended it), a partition without a leader or a replica, a
+#: broker's disk failing, or no acknowledgement within the delivery timeout (librdkafka
+#: retries all of these until then, unless ``retries`` is lowered). Like an unreachable
+#: cluster, they leave the record to be produced again later, counting nothing against it.
+UNAVAILABLE = {
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._TIMED_OUT_QUEUE,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.BROKER_NOT_AVAILABLE,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+    KafkaError.KAFKA_STORAGE_ERROR,
+}
 
 
 class KafkaUnavailable(Exception):
@@ -47,8 +63,12 @@ def queue_topics(queue_name: str) -> list[str]:
 
 
 def is_unreachable(error: KafkaError) -> bool:
-    """Whether ``error`` means the cluster (or a partition leader) could not be reached."""
-    return error.code() in UNREACHABLE or (error.retriable() and not error.fatal())
+    """Whether ``error`` means the cluster (or a partition leader) could not be reached or cannot take writes now.
+
+    Delivery reports never carry librdkafka's ``retriable`` flag, so the codes are listed.
+    """
+    code = error.code()
+    return code in UNREACHABLE or code in UNAVAILABLE or (error.retriable() and not error.fatal())
 
 
 class TopicDeclarer:
@@ -131,6 +151,9 @@ class TopicDeclarer:
     def _new_topic(self, topic: str) -> NewTopic:
         # Dead letters are kept as long as Dramatiq keeps them on its other brokers.
         config = {"retention.ms": str(DEAD_MESSAGE_TTL)} if topic.endswith(".XQ") else {}
+        if self.config.min_insync_replicas is not None:
+            # How many copies acks=all waits for; without it, the cluster's default (Kafka's is 1).
+            config["min.insync.replicas"] = str(self.config.min_insync_replicas)
         return NewTopic(
             topic,
             num_partitions=self.config.partitions,

@@ -15,17 +15,20 @@ def test_defaults_name_topics_and_groups_after_the_queue() -> None:
     assert config.topic("payments.DQ") == "payments.DQ"
     assert config.group_id("payments") == "estafeta.payments"
     assert (config.partitions, config.replication_factor, config.rebalance_grace) == (6, -1, 5.0)
+    assert config.min_insync_replicas is None  # the cluster's min.insync.replicas
 
 
 def test_parameters_and_several_servers() -> None:
     config = parse_kafka_url(
-        "kafka://a:9092,b:9093,c?topic_prefix=shop.&partitions=12&replication_factor=3&group=shop-workers"
+        "kafka://a:9092,b:9093,c?topic_prefix=shop.&partitions=12&replication_factor=3&min_insync_replicas=2"
+        "&group=shop-workers"
         "&rebalance_grace_ms=2500&ssl.ca.location=/etc/ca.pem&producer.linger.ms=20&consumer.fetch.wait.max.ms=50"
     )
     assert config.bootstrap == "a:9092,b:9093,c:9092"
     assert config.topic("orders") == "shop.orders"
     assert config.group_id("orders.DQ") == "shop-workers.shop.orders.DQ"
     assert (config.partitions, config.replication_factor, config.rebalance_grace) == (12, 3, 2.5)
+    assert config.min_insync_replicas == 2
     producer = config.producer_config("estafeta-relay")
     consumer = config.consumer_config("orders", "estafeta-worker")
     assert producer["ssl.ca.location"] == consumer["ssl.ca.location"] == "/etc/ca.pem"
@@ -67,6 +70,8 @@ def test_credentials_become_sasl_settings() -> None:
         ("kafka://a?partitions=0", "partitions 0 is out of range"),
         ("kafka://a?partitions=many", "partitions 'many' is not a whole number"),
         ("kafka://a?replication_factor=0", "replication_factor 0 is out of range"),
+        ("kafka://a?min_insync_replicas=0", "min_insync_replicas 0 is out of range"),
+        ("kafka://a?replication_factor=2&min_insync_replicas=3", "min_insync_replicas 3 is more than replication"),
         ("kafka://a?topic_prefix=shop/", "topic_prefix 'shop/' has characters Kafka refuses"),
         ("kafka://a?group=", "group is empty"),
         ("kafka://a?topics=x", "unknown kafka:// parameter 'topics'"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 import uuid
@@ -10,15 +12,19 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from brokers import broker_from_url
+from brokers.kafka import KafkaBroker, KafkaUnreachable
 from brokers.kafka_config import parse_kafka_url
-from brokers.kafka_publish import KafkaPublisher
+from brokers.kafka_publish import KafkaPublisher, _Batch
+from brokers.kafka_topics import is_unreachable
 from brokers.publish import publisher_for, to_message
 from sql.outbox import OutboxRow
 
 from .integration.relay_faults import blackhole
+from .kafka_server import with_topic_prefix
 from .kafka_support import read_topic
 
 
@@ -97,6 +103,20 @@ def test_refused_rows_count_an_attempt_and_hold_only_their_key(kafka_url) -> Non
     publisher.close()
 
 
+def test_topics_estafeta_creates_get_the_partitions_and_in_sync_replicas_of_the_url(kafka_url) -> None:
+    url = kafka_url + "&partitions=12&replication_factor=3&min_insync_replicas=2"
+    publisher = publisher_for(broker_from_url(url), confirm_timeout=5)
+    assert publisher.publish([row(1, key="a")]).confirmed == [1]
+    publisher.close()
+    config = parse_kafka_url(url)
+    admin = AdminClient({"bootstrap.servers": config.bootstrap})
+    for name in ("relaycheck", "relaycheck.DQ", "relaycheck.XQ"):
+        topic = config.topic(name)
+        assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 12
+        (described,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+        assert described.result(10)["min.insync.replicas"].value == "2"
+
+
 def test_an_existing_topic_is_used_as_it_is(kafka_url) -> None:
     config = parse_kafka_url(kafka_url)
     admin = AdminClient({"bootstrap.servers": config.bootstrap})
@@ -138,3 +158,50 @@ def test_enqueue_waits_for_kafka_and_a_delay_goes_to_the_delay_topic(kafka_url) 
     assert plain.value == message.encode()
     assert later.message().options["eta"] == delayed.options["eta"] >= time.time() * 1000 + 50_000
     assert later.headers["traceparent"] == message.options["traceparent"].encode()
+
+
+def test_a_record_kafka_never_acknowledges_is_an_outage_for_enqueue_not_a_refusal(tansu_node) -> None:
+    # Tansu frozen (SIGSTOP): the record is never acknowledged, librdkafka reports _MSG_TIMED_OUT
+    # when the delivery timeout runs out. That is the cluster's state, not the record's: a worker
+    # retrying a message, or dead-lettering one, must try again later (KafkaUnreachable), never
+    # treat the record as refused (KafkaRefused), which would move the offset past a dead letter
+    # that Kafka does not have.
+    broker = broker_from_url(with_topic_prefix(tansu_node.url))
+    assert isinstance(broker, KafkaBroker)
+    broker.delivery_timeout = 2
+    message = to_message(row(1, key="a"))
+    broker.enqueue(message)  # topics made, producer connected
+    assert tansu_node.process is not None
+    os.kill(tansu_node.process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(KafkaUnreachable, match="Message timed out"):
+            broker.enqueue(message)
+    finally:
+        os.kill(tansu_node.process.pid, signal.SIGCONT)
+        broker.close()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError._MSG_TIMED_OUT,
+    ],
+)
+def test_too_few_in_sync_replicas_leave_the_row_pending_without_blame(code: int) -> None:
+    # A replicated topic with fewer in-sync replicas than min.insync.replicas answers acks=all
+    # with NOT_ENOUGH_REPLICAS; librdkafka retries it until message.timeout.ms, and reports it
+    # if `retries` was lowered. Tansu keeps one copy and never answers it, so the report is made
+    # here as confluent-kafka makes a delivery report's error (without the retriable flag).
+    batch = _Batch()
+    waiting, too_big = row(1, key="a"), row(2, key="b")
+    batch.produced += [waiting, too_big]
+    batch.report(waiting, "payments", KafkaError(code))
+    batch.report(too_big, "payments", KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    assert batch.outage and "payments" in batch.outage  # an outage: no attempt counted, the row stays
+    assert list(batch.failed) == [too_big.id]  # while a refusal of the record itself still counts
+    assert batch.delivered == set()
+    assert is_unreachable(KafkaError(code))  # so the workers' enqueue and dead letters wait too

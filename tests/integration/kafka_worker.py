@@ -7,7 +7,8 @@ The broker contract tests drive it. Every delivery is recorded in PostgreSQL
 
 - ``KAFKACHECK_HOLD``: sequence numbers this process takes and never finishes (it sleeps
   until it is killed), so a test can kill it with those messages in flight;
-- ``KAFKACHECK_SLOW``: sequence numbers that take ``KAFKACHECK_SLOW_SECONDS`` to finish.
+- ``KAFKACHECK_SLOW``: sequence numbers that take ``KAFKACHECK_SLOW_SECONDS`` to finish;
+- ``KAFKACHECK_DELIVERY_TIMEOUT``: seconds the worker's producer waits for Kafka's acknowledgement.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dramatiq.middleware import CurrentMessage
 from brokers import broker_from_url
 
 broker = broker_from_url(os.environ["ESTAFETA_BROKER_URL"])
+if "KAFKACHECK_DELIVERY_TIMEOUT" in os.environ:  # seconds the worker's producer waits for Kafka's ack
+    broker.delivery_timeout = float(os.environ["KAFKACHECK_DELIVERY_TIMEOUT"])  # type: ignore[attr-defined]
 dramatiq.set_broker(broker)
 
 DSN = os.environ["ESTAFETA_DATABASE_URL"]

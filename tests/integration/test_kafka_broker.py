@@ -22,6 +22,7 @@ from brokers.kafka import KafkaBroker
 from brokers.kafka_config import parse_kafka_url
 
 from ..helpers import scalar, wait_until
+from ..kafka_server import with_topic_prefix
 from ..kafka_support import committed_offsets, read_topic
 from . import processes
 
@@ -247,3 +248,34 @@ def test_a_worker_busy_for_longer_than_max_poll_interval_keeps_its_partitions(
         log = first.output()
     assert deliveries(conn) == Counter(range(4))  # nothing delivered twice
     assert "revoked" not in log and "lost" not in log and "MAXPOLL" not in log
+
+
+def test_a_retry_kafka_does_not_take_is_produced_again_before_the_message_is_acknowledged(
+    tansu_node, kafkacheck, conn, tmp_path: Path
+) -> None:
+    # Dramatiq's Retries middleware produces the retry from a hook that swallows errors, and the
+    # message is then acknowledged: a retry Kafka did not take (no ack within the delivery
+    # timeout: a frozen broker here, too few in-sync replicas on a cluster) would be lost.
+    url = with_topic_prefix(tansu_node.url + "&partitions=1&consumer.session.timeout.ms=10000")
+    assert tansu_node.process is not None
+    send(url, 0, fail_times=1)
+    env = processes.service_env(
+        kafkacheck, url, KAFKACHECK_SLOW="0", KAFKACHECK_SLOW_SECONDS="1", KAFKACHECK_DELIVERY_TIMEOUT="1"
+    )
+    first = processes.workers(env, tmp_path, module=WORKER, threads=1)
+    with processes.running(first):
+        wait_until(lambda: deliveries(conn)[0] == 1, timeout=60, what="the first attempt")
+        os.kill(tansu_node.process.pid, signal.SIGSTOP)  # the attempt fails while Kafka takes nothing
+        try:
+            failed = "Unexpected failure in after_process_message"  # Dramatiq's log of the swallowed error
+            wait_until(lambda: failed in first.output(), timeout=30, what="the retry Kafka did not take")
+            # The acknowledgement produces it again, and waits (Dramatiq tries again) while Kafka takes nothing.
+            held = "Failed to post_process_message"
+            wait_until(lambda: held in first.output(), timeout=30, what="the acknowledgement held back")
+            assert deliveries(conn)[0] == 1 and done(conn) == []
+        finally:
+            os.kill(tansu_node.process.pid, signal.SIGCONT)
+        wait_until(lambda: done(conn) == [0], timeout=60, what="the retry, once Kafka is back")
+        wait_until(lambda: committed_offsets(url, "kafkacheck") == {0: 2}, timeout=30, what="both offsets committed")
+    assert deliveries(conn)[0] == 2  # the failed attempt, then its retry: nothing lost, nothing doubled
+    assert len(read_topic(url, "kafkacheck.DQ")) == 1
