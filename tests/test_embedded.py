@@ -7,6 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _START = "import sys; from pathlib import Path; from sql import embedded; print(embedded.start(Path(sys.argv[1])))"
@@ -19,6 +21,7 @@ def _start(data: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.heavy
 def test_a_process_arriving_while_the_server_is_stopping_waits_and_starts_it(tmp_path: Path) -> None:
     data = tmp_path / "pgdata"
     first = _start(data)  # initdb, start, and stop when it exits

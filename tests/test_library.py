@@ -155,6 +155,7 @@ def test_a_dramatiq_worker_on_the_stub_broker_stops_at_once_with_one_line(databa
     assert lines == [STUB_REFUSAL]
 
 
+@pytest.mark.heavy
 def test_a_relay_and_a_worker_on_the_embedded_database_say_so_and_where(tmp_path: Path, redis_url: str) -> None:
     env = {**service_env("embedded", redis_url + "-embedded"), "ESTAFETA_APP": "examples.welcome"}
     data = tmp_path / ".estafeta" / "pgdata"

@@ -143,6 +143,7 @@ def test_the_demo_runs_end_to_end_and_reconciles(env: dict[str, str]) -> None:
     assert summary["latency_p50"] <= summary["latency_p99"]
 
 
+@pytest.mark.heavy
 def test_the_demo_runs_with_each_service_in_a_database_of_its_own(database_url: str) -> None:
     from psycopg import conninfo, sql
 

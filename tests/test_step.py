@@ -142,6 +142,7 @@ def died_or_parked(workers: processes.Process, conn) -> bool:
     return workers.popen.poll() is not None or bool(inbox.list_dead_letters(conn, "probe"))
 
 
+@pytest.mark.heavy
 @pytest.mark.integration
 def test_message_that_keeps_killing_its_worker_is_parked(
     database_url: str, amqp_url: str, runtime: Runtime, conn, tmp_path: Path

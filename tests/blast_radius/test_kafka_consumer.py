@@ -26,7 +26,7 @@ from ..integration import processes
 from ..probe import SERVICE as probe
 from ..steps import Crash, Explode
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 #: Healthy records behind the poisoned one.
 HEALTHY = 20

@@ -69,6 +69,7 @@ class HighWaterProjector(Projector):
         return [attrs.evolve(row, tx_id=0) for row in rows]
 
 
+@pytest.mark.heavy
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_no_event_skipped_or_applied_twice_under_concurrent_writers(

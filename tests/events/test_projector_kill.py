@@ -42,6 +42,7 @@ def caught_up(conn: psycopg.Connection[Any], schema: str) -> bool:
     return bool(table and table[0]) and totals_of(conn, schema, "slow_totals") == truth(conn, schema)
 
 
+@pytest.mark.heavy
 @pytest.mark.integration
 def test_a_projector_killed_mid_batch_and_restarted_applies_every_event_once(
     event_schema: EventSchema, conn: psycopg.Connection[Any]

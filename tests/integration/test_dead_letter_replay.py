@@ -15,7 +15,7 @@ from ..probe import SERVICE as probe
 from ..steps import Settle
 from . import processes
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 
 def estafeta_json(env: dict[str, str], *args: str) -> object:

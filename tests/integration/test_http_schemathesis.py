@@ -11,7 +11,7 @@ import pytest
 from ..http_server import serving
 from .processes import BIN, ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 #: Test cases per operation and phase: enough to find what the schema and the server disagree
 #: on, small enough for the suite (about half a minute on 2 cores).

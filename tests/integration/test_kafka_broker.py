@@ -26,7 +26,7 @@ from ..kafka_server import with_topic_prefix
 from ..kafka_support import committed_offsets, read_topic
 from . import processes
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 WORKER = "tests.integration.kafka_worker"
 

@@ -10,7 +10,7 @@ import pytest
 
 from .processes import ROOT, service_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 
 def test_the_demo_runs_end_to_end_on_kafka_and_reconciles(kafka_url: str, database_url: str, runtime) -> None:

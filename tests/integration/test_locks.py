@@ -32,7 +32,10 @@ CHARGE = STEPS["probe.test_charge"]
 LEASE_MS = 1000
 
 
-@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
+# The relay and the workers on each broker; the Redis and Kafka runs are long: make test-heavy.
+@pytest.fixture(
+    params=["rabbitmq", pytest.param("redis", marks=pytest.mark.heavy), pytest.param("kafka", marks=pytest.mark.heavy)]
+)
 def broker_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(BROKER_URL_FIXTURES[request.param]))
 

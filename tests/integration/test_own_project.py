@@ -20,7 +20,7 @@ from ..helpers import scalar, wait_until
 from ..services import scratch_database
 from . import processes
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 
 def _schemas(dsn: str) -> set[str]:

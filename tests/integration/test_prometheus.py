@@ -23,7 +23,7 @@ from . import processes
 from .prometheus import Prometheus, require_prometheus
 from .relay_faults import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 DASHBOARD = processes.ROOT / "ops" / "grafana" / "estafeta.json"
 #: What this test never makes happen: the dashboard panels showing only these may stay empty.

@@ -30,7 +30,10 @@ from .relay_faults import blackhole, free_port, read_queue, relay_waits_to_delet
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
+# The relay and the workers on each broker; the Redis and Kafka runs are long: make test-heavy.
+@pytest.fixture(
+    params=["rabbitmq", pytest.param("redis", marks=pytest.mark.heavy), pytest.param("kafka", marks=pytest.mark.heavy)]
+)
 def broker_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(BROKER_URL_FIXTURES[request.param]))
 
@@ -68,6 +71,7 @@ def test_relay_killed_after_the_confirm_before_the_delete(broker_url, database_u
     assert scalar(conn, "SELECT max(pongs) FROM pingpong.pings") == 1
 
 
+@pytest.mark.heavy
 def test_relay_killed_after_claiming_before_publishing(broker_url, database_url, runtime, conn, tmp_path: Path):
     pings(conn, 20)
     with blackhole() as port:
@@ -119,6 +123,7 @@ def test_listener_backend_terminated(database_url, amqp_url, runtime, conn, tmp_
     assert check_order(received, {"k": list(range(6))}) == 0
 
 
+@pytest.mark.heavy
 def test_three_relays_killed_at_random_keep_every_key_in_order(broker_url, database_url, runtime, conn, tmp_path):
     env = processes.service_env(database_url, broker_url, ESTAFETA_RELAY_BATCH_SIZE="10")
     queue = f"relaycheck_{uuid.uuid4().hex[:8]}"
@@ -198,6 +203,7 @@ def relay_in_batch(conn: psycopg.Connection[object]) -> bool:
     )
 
 
+@pytest.mark.heavy
 def test_sigterm_finishes_the_batch_in_hand_and_loses_nothing(broker_url, database_url, runtime, conn, tmp_path):
     env = processes.service_env(database_url, broker_url, ESTAFETA_RELAY_BATCH_SIZE="50")
     queue = f"relaycheck_{uuid.uuid4().hex[:8]}"

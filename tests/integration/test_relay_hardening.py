@@ -27,6 +27,7 @@ from .test_relay_publishers import row
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.heavy
 def test_a_redis_that_accepts_and_never_answers_does_not_hang_the_relay(
     database_url, redis_url, runtime, conn, tmp_path
 ):

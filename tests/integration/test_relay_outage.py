@@ -11,7 +11,7 @@ from ..relay_support import add, arrivals, check_order
 from . import processes
 from .relay_faults import private_rabbitmq, read_queue
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,10 @@ from ..services import scratch_database
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
+# The relay and the workers on each broker; the Redis and Kafka runs are long: make test-heavy.
+@pytest.fixture(
+    params=["rabbitmq", pytest.param("redis", marks=pytest.mark.heavy), pytest.param("kafka", marks=pytest.mark.heavy)]
+)
 def broker_url(request: pytest.FixtureRequest) -> str:
     if request.param == "rabbitmq":
         return str(request.getfixturevalue("amqp_url"))
@@ -67,6 +70,7 @@ def _assert_the_ledger_agrees(report: dict[str, object]) -> None:
     assert report["projection_mismatches"] == [], report["projection_mismatches"]
 
 
+@pytest.mark.heavy
 def test_every_saga_ends_with_each_service_in_its_own_database(
     amqp_url: str, database_url: str, runtime, conn, tmp_path: Path
 ) -> None:
@@ -109,6 +113,7 @@ def test_every_saga_ends_with_each_service_in_its_own_database(
 ORDERS_PER_BROKER = {"rabbitmq": 1000, "redis": 300, "kafka": 300}
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_done_means_a_thousand_orders_on_two_worker_processes_survive_kills(
     broker_url: str, database_url: str, runtime, tmp_path: Path, request: pytest.FixtureRequest

@@ -22,7 +22,7 @@ from ..shop import seed
 from . import processes
 from .otlp import Receiver, Span, receiving
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 
 def instrumented(env: dict[str, str], service: str, endpoint: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from ..helpers import scalar, wait_until
 from . import processes
 from .relay_faults import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 
 def scrape(port: int) -> str:
