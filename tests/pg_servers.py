@@ -200,6 +200,13 @@ class PostgresServer:
                 self.stop("immediate")
 
 
+def failover_dsn(*servers: PostgresServer, dbname: str = "postgres") -> str:
+    """One libpq DSN naming every server (``host=a,b port=pa,pb``): whichever accepts writes now gets the connection."""
+    hosts = ",".join(server.host for server in servers)
+    ports = ",".join(str(server.port) for server in servers)
+    return f"host={hosts} port={ports} user={_OWNER} dbname={dbname} target_session_attrs=read-write"
+
+
 @contextlib.contextmanager
 def private_postgres(
     *, host: str = "127.0.0.1", netns: str | None = None, port: int | None = None, **settings: str | int
