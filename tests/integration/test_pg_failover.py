@@ -2,10 +2,10 @@
 
 Every estafeta process gets one DSN naming both servers (``host=a,b port=pa,pb
 target_session_attrs=read-write``). The primary is stopped with ``pg_ctl stop -m immediate``
-(a crash: no checkpoint, every backend gone at once) while sagas run and the relay drains,
-and the standby is promoted. Pools must drop their dead connections and reach the new
-primary, steps in flight fail and are retried, the inbox absorbs the re-deliveries, and
-every invariant of the kill tests holds.
+(a crash: no checkpoint, every backend gone at once) while sagas run, the relay drains and
+the projector tails, and the standby is promoted. Pools must drop their dead connections
+and reach the new primary, steps in flight fail and are retried, the inbox absorbs the
+re-deliveries, and every invariant of the kill tests holds.
 """
 
 from __future__ import annotations
@@ -14,55 +14,29 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
-from actors.kill_and_recover import KillAndRecover, Plan
+from actors.kill_and_recover import Plan
 
 from ..pg_servers import PostgresServer, failover_dsn, private_postgres
+from .order_runs import (
+    SERVICES,
+    OrderRun,
+    pending_outbox_rows,
+    projections_caught_up,
+    steps_committed_since,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
-SERVICES = ("orders", "payments", "inventory", "notifications")
 
-#: Inbox rows (one per committed step) written after an instant, across the four services.
-_STEPS_SINCE = " UNION ALL ".join(
-    f"SELECT processed_at FROM {service}.inbox WHERE processed_at > to_timestamp(%(since)s)" for service in SERVICES
-)
-
-
-def steps_committed_since(dsn: str, since: float) -> int:
-    """Steps committed on ``dsn``'s server since ``since`` (``time.time()``; one clock: same machine)."""
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
-        row = conn.execute(f"SELECT count(*) FROM ({_STEPS_SINCE}) AS s", {"since": since}).fetchone()
-    return int(row[0]) if row else 0
-
-
-def pending_outbox_rows(dsn: str) -> int:
-    """Rows still waiting in the four outboxes."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        counts = [conn.execute(f"SELECT count(*) FROM {s}.outbox").fetchone() for s in SERVICES]
-    return sum(int(row[0]) for row in counts if row)
-
-
-def wait_until(what: str, check: Any, timeout: float) -> float:
-    """Poll ``check`` until it holds; the seconds it took."""
-    started = time.monotonic()
-    while True:
-        try:
-            if check():
-                return time.monotonic() - started
-        except psycopg.OperationalError:
-            pass  # the server is still coming up
-        if time.monotonic() - started > timeout:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-class FailOver(KillAndRecover):
+class FailOver(OrderRun):
     """The kill run, with the primary crashed and its standby promoted instead of the processes killed."""
 
-    def __init__(self, primary: PostgresServer, standby: PostgresServer, broker_url: str, plan: Plan, log_dir: Path):
+    def __init__(
+        self, primary: PostgresServer, standby: PostgresServer, broker_url: str, plan: Plan, log_dir: Path
+    ) -> None:
         super().__init__(failover_dsn(primary, standby), broker_url, plan, log_dir)
         self.primary, self.standby = primary, standby
         self.failover: dict[str, Any] = {}
@@ -75,9 +49,10 @@ class FailOver(KillAndRecover):
         self.primary.stop("immediate")
         self.standby.promote()
         promoted_after = time.time() - killed_at
+        new_primary = dict.fromkeys(SERVICES, self.standby.dsn())
         wait_until(
             "the first step committed on the promoted standby",
-            lambda: steps_committed_since(self.standby.dsn(), killed_at) > 0,
+            lambda: steps_committed_since(new_primary, killed_at) > 0,
             plan.timeout,
         )
         first_step_after = time.time() - killed_at
@@ -92,25 +67,30 @@ class FailOver(KillAndRecover):
 
 
 @pytest.mark.timeout(300)
-def test_sagas_and_the_relay_survive_the_primary_crashing_and_its_standby_taking_over(
+def test_sagas_relay_and_projector_survive_the_primary_crashing_and_its_standby_taking_over(
     amqp_url: str, tmp_path: Path
 ) -> None:
     with private_postgres() as primary:
         standby = primary.standby(synchronous=True)
         plan = Plan(orders=100, processes=1, threads=4, step_timeout=4.0, timeout=180)
         run = FailOver(primary, standby, amqp_url, plan, tmp_path)
-        report = run.run()
-        print(report, run.failover)
-        at_kill = run.failover["at_kill"]
-        assert at_kill.get("running", 0) + at_kill.get("compensating", 0) > 0, at_kill  # sagas were in flight
-        assert report["orders"] == plan.orders
-        assert set(report["sagas"]) <= {"completed", "compensated"}, report["sagas"]
-        assert report["reconciled"] is True, report["mismatches"]
-        money, stock, ledger = report["money"], report["stock"], report["ledger"]
-        assert money[0] == money[1] and stock[0] == stock[1] and ledger == [money[0], money[0]], report
-        assert report["projection_mismatches"] == []
-        # The relay reconnected by itself: every outbox drains on the new primary.
-        wait_until("the outboxes to drain", lambda: pending_outbox_rows(standby.dsn()) == 0, 60)
+        try:
+            report = run.run()
+            print(report, run.failover)
+            at_kill = run.failover["at_kill"]
+            assert at_kill.get("running", 0) + at_kill.get("compensating", 0) > 0, at_kill  # sagas were in flight
+            assert report["orders"] == plan.orders
+            assert set(report["sagas"]) <= {"completed", "compensated"}, report["sagas"]
+            assert report["reconciled"] is True, report["mismatches"]
+            money, stock, ledger = report["money"], report["stock"], report["ledger"]
+            assert money[0] == money[1] and stock[0] == stock[1] and ledger == [money[0], money[0]], report
+            assert report["projection_mismatches"] == []
+            # The relay and the projector reconnected by themselves, to the new primary.
+            new_primary = dict.fromkeys(SERVICES, standby.dsn())
+            wait_until("the outboxes to drain", lambda: not any(pending_outbox_rows(new_primary).values()), 60)
+            wait_until("the projections to catch up", lambda: projections_caught_up(run.env), 60)
+        finally:
+            run.stop_projector()
         # The crash was felt: steps failed on the dead primary and were retried.
         logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("workers-*.log"))
         assert "DatabaseUnavailable" in logs, logs[-3000:]
