@@ -47,7 +47,7 @@ def _first_success(database: Database, timeout: float = 60) -> int:
             time.sleep(0.2)
 
 
-@pytest.mark.parametrize("crash", ["restart", "failover"])
+@pytest.mark.parametrize("crash", ["restart", pytest.param("failover", marks=pytest.mark.heavy)])
 def test_a_crashed_server_costs_one_failed_transaction_not_one_per_pooled_connection(crash: str) -> None:
     with private_postgres() as primary:
         standby = primary.standby(synchronous=True) if crash == "failover" else None
