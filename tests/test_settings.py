@@ -128,3 +128,13 @@ def test_the_console_password_comes_from_a_variable_or_a_file_and_is_never_shown
         with pytest.raises(SettingsError, match=expected) as caught:
             Settings.from_env(environ)
         assert "hunter2" not in str(caught.value)
+
+
+def test_a_multi_host_dsn_may_take_target_session_attrs_from_libpqs_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dsn = "host=db1,db2 dbname=shop"
+    with pytest.raises(SettingsError, match="target_session_attrs=any"):
+        Settings.from_env({"ESTAFETA_DATABASE_URL": dsn})
+    monkeypatch.setenv("PGTARGETSESSIONATTRS", "read-write")  # libpq reads it where the DSN says nothing
+    assert Settings.from_env({"ESTAFETA_DATABASE_URL": dsn}).database_url == dsn
