@@ -58,7 +58,8 @@ def test_every_saga_ends_with_each_service_on_its_own_server(amqp_url: str, tmp_
         first, second = report["kills"]
         # Killed with sagas in flight, then again once half had ended (the second kill aims at
         # compensating sagas; on 100 orders they may all have ended between the look and the kill).
-        assert first["running"] > 0 and first["relay_killed"] and second["completed"] >= plan.orders // 2, second
+        ended_at_second = second.get("completed", 0) + second.get("compensated", 0) + second.get("failed", 0)
+        assert first["running"] > 0 and first["relay_killed"] and ended_at_second >= plan.orders // 2, second
         assert report["orders"] == plan.orders
         assert set(report["sagas"]) <= {"completed", "compensated"}, report["sagas"]
         assert report["reconciled"] is True, report["mismatches"]
