@@ -54,11 +54,12 @@ def test_a_relay_waiting_for_a_standby_never_publishes_what_a_failover_loses(wai
         assert estafeta(env, "migrate").returncode == 0
         broker = StubBroker()
         database = Database(primary.dsn())
-        config = RelayConfig(wait_standbys=wait_standbys, standby_timeout=0.5)
+        config = RelayConfig(wait_standbys=wait_standbys, standby_timeout=2.0)
         relay = Relay([Outbox("orders", database)], publisher_for(broker), config)
         try:
             _place(env, "kept-", 5)
             _declare_queues(broker, primary)
+            standby.replayed(primary)
             assert relay.drain_once() == 5  # replicated: published either way
             standby.stop_streaming()
             _place(env, "lost-", 5)
