@@ -64,6 +64,12 @@ class RelayConfig:
     attempt_backoff: timedelta = timedelta(seconds=1)
     #: Longest pause while the broker or the database is unreachable.
     max_outage_backoff: float = 30.0
+    #: Standbys that must have flushed a row's commit before it is published (0: publish at
+    #: once). With asynchronous replication, a failover then loses rows and their effects,
+    #: never a message already sent for them.
+    wait_standbys: int = 0
+    #: Seconds a batch waits for those standbys before it is put back and the relay pauses.
+    standby_timeout: float = 5.0
 
 
 @attrs.frozen
@@ -109,6 +115,8 @@ class Relay:
             rows = store.claim_batch(conn, outbox.schema, self.config.batch_size)
             if not rows:
                 return BatchResult(0, 0, 0)
+            if self.config.wait_standbys:
+                store.wait_for_standbys(conn, self.config.wait_standbys, self.config.standby_timeout)
             claimed_at = time.monotonic()
             with tracing.sending(outbox.schema, rows, self.system) as span:
                 outcome = self.publisher.publish(rows)

@@ -118,15 +118,22 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
     """Each projection's position, lag (events and seconds) and state, and the oldest open writer."""
     runtime = current().runtime
     found: list[dict[str, Any]] = []
-    writer = None
+    # Transaction ids are per server: each server's oldest writer holds back only the
+    # projections on that server (services sharing a DSN share one).
+    servers: dict[str, tuple[list[str], projection_store.OldestWriter | None]] = {}
     for service in _event_services(services):
+        dsn = runtime.dsn_for(service.name)
         with runtime.database(service.name).connection() as conn:
             for status in projection_status(conn, service.name):
                 found.append({"service": service.name, **attrs.asdict(status)})
-            writer = projection_store.oldest_writer(conn) or writer
+            if dsn not in servers:
+                servers[dsn] = ([], projection_store.oldest_writer(conn))
+        servers[dsn][0].append(service.name)
+    writers = [(names, writer) for names, writer in servers.values() if writer is not None]
     if as_json:
-        oldest = attrs.asdict(writer) if writer else None
-        click.echo(json.dumps({"projections": found, "oldest_writer": oldest}, default=str))
+        each = [{"services": names, **attrs.asdict(writer)} for names, writer in writers]
+        oldest = max(each, key=lambda w: w["age_seconds"], default=None)
+        click.echo(json.dumps({"projections": found, "oldest_writer": oldest, "oldest_writers": each}, default=str))
         return
     for row in found:
         where = f"at {row['error_position']}: " if row["error_position"] is not None else ""
@@ -137,10 +144,11 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
         )
     if not found:
         click.echo("no projection has run yet")
-    if writer is not None:
+    for names, writer in writers:
         click.echo(
-            f"oldest open writing transaction: pid {writer.pid} ({writer.database}, {writer.application_name or '-'},"
-            f" {writer.state}), open {writer.age_seconds:.1f}s: every projection waits for it"
+            f"oldest open writing transaction on the server of {', '.join(names)}: pid {writer.pid}"
+            f" ({writer.database}, {writer.application_name or '-'}, {writer.state}), open {writer.age_seconds:.1f}s:"
+            " every projection there waits for it"
         )
 
 

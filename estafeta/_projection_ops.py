@@ -44,7 +44,9 @@ LAG_SECONDS = Gauge(
 )
 OLDEST_WRITER_AGE = Gauge(
     "estafeta_projection_oldest_writer_age_seconds",
-    "Age of the server's oldest running writing transaction, which holds every projector back",
+    "Age of the oldest running writing transaction on the server of the schema's database,"
+    " which holds back every projector on that server",
+    ["schema"],
 )
 
 
@@ -68,8 +70,10 @@ def refresh_lag(conn: psycopg.Connection[Any], projector: Projector, after: tupl
     events, seconds = projection_store.lag(conn, projector.schema, after)
     LAG_EVENTS.labels(projector.schema, projector.checkpoint_name).set(events)
     LAG_SECONDS.labels(projector.schema, projector.checkpoint_name).set(seconds)
+    # Per schema: services on separate servers have separate transaction ids, and one
+    # server's long writer holds back only the projectors on that server.
     writer = projection_store.oldest_writer(conn)
-    OLDEST_WRITER_AGE.set(writer.age_seconds if writer else 0.0)
+    OLDEST_WRITER_AGE.labels(projector.schema).set(writer.age_seconds if writer else 0.0)
 
 
 @attrs.frozen

@@ -38,6 +38,7 @@ def build_relay(runtime: Runtime, broker: dramatiq.Broker, services: Sequence[st
         poll_interval=overrides.get("poll_interval") or settings.relay_poll_interval,
         max_attempts=settings.relay_max_attempts,
         attempt_backoff=overrides.get("attempt_backoff") or timedelta(seconds=1),
+        wait_standbys=settings.relay_wait_standbys,
     )
     databases: dict[str, Database] = {}
     outboxes = []

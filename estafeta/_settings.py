@@ -30,6 +30,7 @@ _SERVICE_DSN = re.compile(r"^ESTAFETA_([A-Z][A-Z0-9_]*)_DATABASE_URL$")
 _INTEGERS: dict[str, tuple[str, float]] = {
     "RELAY_BATCH_SIZE": ("relay_batch_size", 1),
     "RELAY_MAX_ATTEMPTS": ("relay_max_attempts", 1),
+    "RELAY_WAIT_STANDBYS": ("relay_wait_standbys", 0),
     "MAX_RETRIES": ("max_retries", 0),
     "MIN_BACKOFF_MS": ("min_backoff_ms", 1),
     "MAX_BACKOFF_MS": ("max_backoff_ms", 1),
@@ -85,6 +86,11 @@ class Settings:
     relay_poll_interval: float = 1.0
     #: Publish attempts before an outbox row becomes ``failed``.
     relay_max_attempts: int = 5
+    #: Standbys (``pg_stat_replication``) that must have flushed an outbox row's commit before
+    #: the relay publishes it; 0 publishes at once. For asynchronous replication: a failover
+    #: then loses a step and its messages together, never a step whose message already left.
+    #: The relay's user needs ``pg_monitor`` to see the standbys' positions.
+    relay_wait_standbys: int = 0
     #: Dramatiq retries of a failing step (transient errors; business failures are not retried).
     max_retries: int = 10
     #: Milliseconds before the first retry of a failing step (the backoff doubles per retry).

@@ -52,6 +52,14 @@ class StatementFailed(DatabaseError):
         return self.sqlstate in self.TRANSIENT_STATES
 
 
+class StandbysBehind(DatabaseError):
+    """The standbys the relay waits for have not flushed the claimed outbox rows yet.
+
+    Nothing is wrong with the rows: the relay holds them back (and pauses) until enough
+    standbys have their commits, so that a failover can never lose a row it published.
+    """
+
+
 class MigrationError(DatabaseError):
     """A migration could not be applied."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -12,6 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from .errors import StandbysBehind
 from .queries import query
 
 #: The channel a committed outbox write NOTIFYs (payload: the schema) to wake relays.
@@ -158,6 +160,33 @@ def _claim(conn: psycopg.Connection[Any], name: str, schema: str, params: dict[s
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query(name, schema), params)
         return [OutboxRow.from_row(row) for row in cur.fetchall()]
+
+
+def wait_for_standbys(conn: psycopg.Connection[Any], standbys: int, timeout: float) -> None:
+    """Return once ``standbys`` standbys have flushed every commit ``conn``'s transaction can see.
+
+    Called after a claim, in the claim's transaction: every row it claimed was committed
+    (and, with ``synchronous_commit`` on, flushed) before the WAL flush position read now,
+    and a standby that has flushed up to it keeps those commits through a promotion.
+    Raises :class:`StandbysBehind` after ``timeout`` seconds.
+    """
+    row = conn.execute(query("current_wal_position", "public")).fetchone()
+    target = row[0] if row else None
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while True:
+        found = conn.execute(query("standbys_flushed_to", "public"), {"target": target}).fetchone()
+        caught_up, unseen = (int(found[0]), int(found[1])) if found else (0, 0)
+        if caught_up >= standbys:
+            return
+        if time.monotonic() >= deadline:
+            hint = f"; {unseen} connected standby(s) show no position: grant pg_monitor to this user" if unseen else ""
+            raise StandbysBehind(
+                f"{caught_up} of the {standbys} standby(s) the relay waits for (ESTAFETA_RELAY_WAIT_STANDBYS)"
+                f" have flushed up to {target} after {timeout:g} s: down or lagging? (pg_stat_replication{hint})"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def seconds_until_next_due(conn: psycopg.Connection[Any], schema: str) -> float | None:

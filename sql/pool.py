@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,28 +25,60 @@ IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 
 
 def describe_dsn(dsn: str) -> str:
-    """A DSN as it may appear in logs and errors: host, port, database and user, never the password."""
+    """A DSN as it may appear in logs and errors: hosts, ports, database and user, never the password.
+
+    A DSN naming several hosts (libpq's ``host=a,b port=5432,5433``) is shown with each host
+    beside its own port: ``postgresql://app@a:5432,b:5433/shop``.
+    """
     try:
         params = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<unparsable DSN>"
     user = params.get("user")
-    host = params.get("host") or "localhost"
-    port = params.get("port")
-    where = f"{host}:{port}" if port else str(host)
+    where = ",".join(f"{host}:{port}" if port else host for host, port in _hosts(params))
     who = f"{user}@" if user else ""
     return f"postgresql://{who}{where}/{params.get('dbname', '')}"
 
 
+def _hosts(params: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each (host, port) a DSN names, in libpq's order (one port applies to every host)."""
+    hosts = [h.strip() or "localhost" for h in str(params.get("host") or params.get("hostaddr") or "").split(",")]
+    ports = [p.strip() for p in str(params.get("port") or "").split(",")]
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return list(zip(hosts, ports, strict=False))
+
+
+#: ``target_session_attrs`` that only ever connect to a server that accepts writes.
+_WRITABLE_ONLY = frozenset({"read-write", "primary"})
+
+
 def check_dsn(dsn: str) -> None:
-    """Raise ``ValueError`` with a reason (that omits the password) if ``dsn`` is not a libpq DSN."""
+    """Raise ``ValueError`` with a reason (that omits the password) if ``dsn`` is not a libpq DSN.
+
+    A DSN naming several hosts (a primary and its standbys) must say
+    ``target_session_attrs=read-write`` (or ``primary``): without it libpq connects to the
+    first host that answers, a read-only standby as readily as the primary, and every
+    step's write there would fail.
+    """
     try:
         params = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise ValueError(_scrub(str(exc).strip()) or "not a PostgreSQL connection string") from None
-    for port in str(params.get("port") or "5432").split(","):
-        if not port.strip().isdigit():
+    ports = str(params.get("port") or "5432").split(",")
+    for port in ports:
+        if port.strip() and not port.strip().isdigit():  # an empty one is the default (5432)
             raise ValueError(f"port {port.strip()!r} is not a number")
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    if len(hosts) > 1:
+        if len(ports) not in (1, len(hosts)):
+            raise ValueError(f"{len(ports)} ports for {len(hosts)} hosts: give one port, or one per host")
+        attrs = params.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS") or "any"
+        if attrs not in _WRITABLE_ONLY:
+            raise ValueError(
+                f"names {len(hosts)} hosts but target_session_attrs={attrs}: a connection could land on a"
+                " read-only standby; add target_session_attrs=read-write"
+            )
 
 
 def _scrub(message: str) -> str:
@@ -123,6 +157,7 @@ class Database:
             name=self.description,
         )
         self._opened = False
+        self._checking = threading.Lock()
 
     def _open(self) -> None:
         if not self._opened:
@@ -132,10 +167,35 @@ class Database:
 
     @contextlib.contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection in autocommit mode; waiting at most ``timeout`` seconds (the pool's) for one."""
+        """A pooled connection in autocommit mode; waiting at most ``timeout`` seconds (the pool's) for one.
+
+        A connection lost under its user (the server crashed, restarted or failed over) makes the
+        pool check its idle connections at once: they are as likely dead, and the next users
+        get new ones instead of finding out one failure per pooled connection.
+        """
         self._open()
-        with translate_errors(self.description), self.pool.connection(timeout=timeout) as conn:
-            yield conn
+        try:
+            with translate_errors(self.description), self.pool.connection(timeout=timeout) as conn:
+                yield conn
+        except DatabaseUnavailable as exc:
+            if not isinstance(exc.__cause__, PoolTimeout):
+                self._check_idle()
+            raise
+
+    def _check_idle(self) -> None:
+        # In a thread of its own: on a server that vanished without closing its sockets a
+        # check waits for the network to give up, and the caller has its error to report now.
+        if self._checking.acquire(blocking=False):
+
+            def check() -> None:
+                try:
+                    self.pool.check()
+                except Exception:  # a pool closed meanwhile: nothing left to check
+                    logger.debug("checking the idle connections of %s failed", self.description, exc_info=True)
+                finally:
+                    self._checking.release()
+
+            threading.Thread(target=check, name="estafeta-pool-check", daemon=True).start()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:

@@ -412,3 +412,17 @@ WHERE lock_key IN (SELECT lock_key FROM {schema}.fences
 
 -- count_prunable_fences --
 SELECT count(*) FROM {schema}.fences WHERE raised_at < now() - %(older_than)s::interval
+
+-- current_wal_position --
+-- How far the WAL is flushed now: past the commit record of every transaction the caller
+-- has seen (with synchronous_commit on, the default, a commit is flushed before anyone can
+-- see it). Not the insert position: the caller's own uncommitted WAL (its row locks) may
+-- not be flushed, and so not sent to any standby, until it commits.
+SELECT pg_current_wal_flush_lsn()::text
+
+-- standbys_flushed_to --
+-- Standbys that have flushed the WAL up to %(target)s (a promotion replays what they
+-- flushed), and those whose position this user may not see (it takes pg_monitor).
+SELECT count(*) FILTER (WHERE flush_lsn >= %(target)s::pg_lsn),
+       count(*) FILTER (WHERE flush_lsn IS NULL)
+  FROM pg_stat_replication

@@ -132,6 +132,10 @@ class PostgresServer:
         except (OSError, ValueError, IndexError):
             return None
 
+    def connect(self, dbname: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+        """An autocommit connection to this server."""
+        return psycopg.connect(self.dsn(dbname), autocommit=True)
+
     def accepts(self) -> bool:
         """Whether the server answers a connection now."""
         try:
@@ -193,11 +197,45 @@ class PostgresServer:
                     time.sleep(0.05)
         return standby
 
+    def replayed(self, primary: PostgresServer, timeout: float = 60) -> None:
+        """Wait until this standby has replayed everything ``primary`` has written so far."""
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        target = row[0] if row else "0/0"
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            while not conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()[0]:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"standby {self.name} did not replay up to {target} in {timeout:.0f} s")
+                time.sleep(0.05)
+
+    def stop_streaming(self, timeout: float = 30) -> None:
+        """Cut this standby off its primary: it keeps what it has and receives nothing more.
+
+        An empty ``primary_conninfo``, reloaded, stops the WAL receiver (PostgreSQL 13 and later);
+        what the primary commits from then on exists on the primary only.
+        """
+        self.configure(primary_conninfo="''")
+        self.run("pg_ctl", "-D", str(self.directory), "reload")
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM pg_stat_wal_receiver").fetchone()[0]:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"standby {self.name} still streams {timeout:.0f} s after the reload")
+                time.sleep(0.05)
+
     def close(self) -> None:
         """Stop the server if it runs (immediately: a test's data is thrown away)."""
         if self.pid() and (self.directory / "postmaster.pid").exists():
             with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
                 self.stop("immediate")
+
+
+def failover_dsn(*servers: PostgresServer, dbname: str = "postgres") -> str:
+    """One libpq DSN naming every server (``host=a,b port=pa,pb``): whichever accepts writes now gets the connection."""
+    hosts = ",".join(server.host for server in servers)
+    ports = ",".join(str(server.port) for server in servers)
+    return f"host={hosts} port={ports} user={_OWNER} dbname={dbname} target_session_attrs=read-write"
 
 
 @contextlib.contextmanager

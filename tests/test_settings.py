@@ -8,6 +8,7 @@ import pytest
 
 from brokers import redact_url
 from estafeta import Settings, SettingsError
+from sql.pool import describe_dsn
 
 
 def test_defaults_need_no_configuration() -> None:
@@ -35,6 +36,21 @@ def test_a_service_can_have_its_own_database() -> None:
 
 
 @pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=db1,db2 port=5432,5433 user=app password=hunter2 dbname=shop target_session_attrs=read-write",
+        "postgresql://app:hunter2@db1:5432,db2:5433/shop?target_session_attrs=primary",
+    ],
+)
+def test_a_dsn_naming_a_primary_and_its_standby_is_accepted_and_described_host_by_host(dsn: str) -> None:
+    # libpq's multi-host DSN: every connection goes to whichever host accepts writes now.
+    settings = Settings.from_env({"ESTAFETA_DATABASE_URL": dsn, "ESTAFETA_PAYMENTS_DATABASE_URL": dsn})
+    assert settings.database_url_for("payments") == dsn
+    assert describe_dsn(dsn) == "postgresql://app@db1:5432,db2:5433/shop"
+    assert describe_dsn("host=db1,db2 port=6432 dbname=shop") == "postgresql://db1:6432,db2:6432/shop"
+
+
+@pytest.mark.parametrize(
     ("environ", "expected"),
     [
         ({"ESTAFETA_BROKER_URL": "nats://u:hunter2@h:4222"}, "ESTAFETA_BROKER_URL: unknown scheme 'nats'"),
@@ -44,6 +60,18 @@ def test_a_service_can_have_its_own_database() -> None:
         ({"ESTAFETA_DATABASE_URL": "host=x password=hunter2 oops"}, "ESTAFETA_DATABASE_URL: not a PostgreSQL DSN"),
         ({"ESTAFETA_DATABASE_URL": "postgresql://u:hunter2@h:port/db"}, "ESTAFETA_DATABASE_URL: not a PostgreSQL"),
         ({"ESTAFETA_ORDERS_DATABASE_URL": ""}, "ESTAFETA_ORDERS_DATABASE_URL: is empty"),
+        (
+            {"ESTAFETA_DATABASE_URL": "host=a,b port=5432,5433 password=hunter2 dbname=shop"},
+            "ESTAFETA_DATABASE_URL: not a PostgreSQL DSN: names 2 hosts but target_session_attrs=any",
+        ),
+        (
+            {"ESTAFETA_DATABASE_URL": "postgresql://u:hunter2@a,b/shop?target_session_attrs=prefer-standby"},
+            "ESTAFETA_DATABASE_URL: not a PostgreSQL DSN: names 2 hosts but target_session_attrs=prefer-standby",
+        ),
+        (
+            {"ESTAFETA_DATABASE_URL": "host=a,b,c port=1,2 password=hunter2 target_session_attrs=read-write"},
+            "ESTAFETA_DATABASE_URL: not a PostgreSQL DSN: 2 ports for 3 hosts",
+        ),
         ({"ESTAFETA_LOCK_URL": "zookeeper://u:hunter2@h"}, "ESTAFETA_LOCK_URL: "),
         ({"ESTAFETA_RELAY_BATCH_SIZE": "lots"}, "ESTAFETA_RELAY_BATCH_SIZE: 'lots' is not a number"),
         ({"ESTAFETA_RELAY_BATCH_SIZE": "0"}, "ESTAFETA_RELAY_BATCH_SIZE: 0 is below the minimum 1"),
@@ -100,3 +128,13 @@ def test_the_console_password_comes_from_a_variable_or_a_file_and_is_never_shown
         with pytest.raises(SettingsError, match=expected) as caught:
             Settings.from_env(environ)
         assert "hunter2" not in str(caught.value)
+
+
+def test_a_multi_host_dsn_may_take_target_session_attrs_from_libpqs_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dsn = "host=db1,db2 dbname=shop"
+    with pytest.raises(SettingsError, match="target_session_attrs=any"):
+        Settings.from_env({"ESTAFETA_DATABASE_URL": dsn})
+    monkeypatch.setenv("PGTARGETSESSIONATTRS", "read-write")  # libpq reads it where the DSN says nothing
+    assert Settings.from_env({"ESTAFETA_DATABASE_URL": dsn}).database_url == dsn

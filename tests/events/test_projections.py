@@ -245,7 +245,9 @@ def test_a_long_open_writer_delays_the_projection_never_makes_it_skip(
 
     def gauges_show_the_delay() -> bool:
         seconds = REGISTRY.get_sample_value("estafeta_projection_lag_seconds", labels) or 0
-        writer_age = REGISTRY.get_sample_value("estafeta_projection_oldest_writer_age_seconds") or 0
+        writer_age = (
+            REGISTRY.get_sample_value("estafeta_projection_oldest_writer_age_seconds", {"schema": store.schema}) or 0
+        )
         return REGISTRY.get_sample_value("estafeta_projection_lag_events", labels) == 1 and seconds > 0.3 < writer_age
 
     wait_until(gauges_show_the_delay, what="the lag gauges (refreshed every second)")
