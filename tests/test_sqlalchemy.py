@@ -276,3 +276,42 @@ def test_counting_items_through_the_steps_session_sees_the_steps_own_writes(engi
     finally:
         shelf._steps.pop("shelf.test_count_items")
     assert seen == [1]
+
+
+def test_a_steps_session_rolled_back_fails_the_step_whole(engine: Engine, runtime: Runtime, conn) -> None:
+    from estafeta import StepContext, deliver
+    from estafeta.sqlalchemy import session as step_session
+
+    @shelf.step(Stocking, name="test_roll_back")
+    def roll_back(ctx: StepContext, command: Stocking) -> None:
+        session = step_session(ctx)
+        session.add(Item(item_id=command.item_id, name="rolled back", quantity=0))
+        session.flush()
+        session.rollback()
+        session.add(Item(item_id=uuid.uuid4(), name="after the rollback", quantity=0))
+
+    try:
+        with pytest.raises(es.SessionRolledBack):
+            deliver(roll_back, runtime, message_for("shelf.test_roll_back", Stocking(uuid.uuid4(), 1)))
+    finally:
+        shelf._steps.pop("shelf.test_roll_back")
+    assert scalar(conn, "SELECT count(*) FROM shelf.items") == 0
+    assert scalar(conn, "SELECT count(*) FROM shelf.inbox") == 0
+
+
+def test_sessions_of_many_steps_leave_one_notice_handler_on_the_pooled_connection(
+    engine: Engine, database_url: str
+) -> None:
+    from estafeta import Settings, deliver
+    from tests.shelf import restock
+
+    item_id = add_item(engine)
+    one = Runtime(Settings(database_url=database_url, pool_size=1))  # every delivery on the same connection
+    try:
+        for _ in range(3):
+            assert deliver(restock, one, message_for("shelf.restock", Restock(item_id, 1))) == "ok"
+        with one.database("shelf").connection() as pooled:
+            handlers = list(pooled._notice_handlers)  # SQLAlchemy adds its logger at every connect
+    finally:
+        one.close()
+    assert len(handlers) == len(set(handlers)) >= 1

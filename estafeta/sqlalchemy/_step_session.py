@@ -14,6 +14,7 @@ retried.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 from typing import Any
@@ -65,6 +66,12 @@ class Lent:
 
     def close(self) -> None:
         """Nothing: the connection goes back to the step's pool with the step."""
+
+    def add_notice_handler(self, handler: Any) -> None:
+        """Add ``handler`` once: SQLAlchemy adds its handler at every connect, and this connection outlives them."""
+        with contextlib.suppress(ValueError):
+            self.conn.remove_notice_handler(handler)
+        self.conn.add_notice_handler(handler)
 
 
 def session(ctx: StepContext) -> Session:
