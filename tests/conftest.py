@@ -18,12 +18,12 @@ from brokers.relay import Outbox, Relay, RelayConfig
 from estafeta import App, Runtime, Service, Settings
 from examples.booking import app as booking_app
 from examples.loyalty.service import app as loyalty_app
+from examples.shelf import app as shelf_app
 from examples.welcome.flow import app as welcome_app
 
 from .app import app as tests_app
 from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (Kafka fixtures, on Tansu)
 from .services import drop_redis_namespace, rabbitmq_vhost, redis_namespaced, scratch_database
-from .shelf import app as shelf_app
 
 #: Every app the tests run: the order system with the probe service, and the examples.
 APPS: list[App] = [tests_app, loyalty_app, welcome_app, booking_app, shelf_app]

@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from estafeta import ConcurrencyConflict, HttpResponse, IdempotentRequest, Runtime, aio
 from estafeta.sqlalchemy import NoTransaction, UnsupportedDriver
 from estafeta.sqlalchemy import asyncio as es
+from examples.shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
 
 from .helpers import scalar, wait_until
-from .shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
 from .test_sqlalchemy import counts, engine_url
 
 T = TypeVar("T")

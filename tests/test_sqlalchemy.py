@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 
 from estafeta import HttpResponse, IdempotentRequest, Runtime
 from estafeta import sqlalchemy as es
+from examples.shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
 from sql import inbox
 
 from .helpers import message_for, scalar, wait_until
-from .shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
 
 
 def engine_url(dsn: str, driver: str = "psycopg") -> sqlalchemy.URL:
@@ -229,7 +229,7 @@ def test_a_steps_orm_change_commits_once_and_a_duplicate_delivery_changes_nothin
     engine: Engine, runtime: Runtime, conn
 ) -> None:
     from estafeta import deliver
-    from tests.shelf import restock
+    from examples.shelf import restock
 
     item_id = add_item(engine)
     message = message_for("shelf.restock", Restock(item_id, 4))
@@ -242,7 +242,7 @@ def test_a_step_failing_after_its_orm_change_keeps_neither_the_change_nor_the_in
     engine: Engine, runtime: Runtime, conn
 ) -> None:
     from estafeta import deliver
-    from tests.shelf import restock
+    from examples.shelf import restock
 
     item_id = add_item(engine, quantity=1)
     # The flush at the step's end breaks the CHECK (quantity >= 0): the step's transaction rolls back whole.
@@ -303,7 +303,7 @@ def test_sessions_of_many_steps_leave_one_notice_handler_on_the_pooled_connectio
     engine: Engine, database_url: str
 ) -> None:
     from estafeta import Settings, deliver
-    from tests.shelf import restock
+    from examples.shelf import restock
 
     item_id = add_item(engine)
     one = Runtime(Settings(database_url=database_url, pool_size=1))  # every delivery on the same connection

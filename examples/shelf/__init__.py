@@ -1,6 +1,8 @@
-"""The shelf app: a service whose business table is an ORM model, for the SQLAlchemy and asyncio producer tests.
+"""The shelf app: a service whose business table is a SQLAlchemy ORM model (the ``sqlalchemy`` extra).
 
-Its steps use the ORM on their own transaction (``estafeta.sqlalchemy.session(ctx)``).
+Web handlers write ``Item`` rows and send estafeta messages in one ORM transaction
+(``estafeta.sqlalchemy``, or ``estafeta.sqlalchemy.asyncio`` for ``AsyncSession``); its
+steps use the ORM on their own transaction (``estafeta.sqlalchemy.session(ctx)``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,7 @@ from estafeta import sqlalchemy as es
 
 shelf = Service("shelf", migrations=Path(__file__).parent / "migrations" / "shelf")
 registry = EventRegistry()
-#: The shelf's event store.
 store = shelf.use_events(registry)
-#: Idempotency-Key records of the shelf's HTTP-like handlers.
 idempotency = Idempotency(shelf)
 app = App("shelf", services=[shelf])
 
