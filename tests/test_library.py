@@ -79,7 +79,13 @@ def _imports(path: Path) -> list[str]:
 
 #: Modules under estafeta that apps may import: the eventsourcing library's persistence module,
 #: the async producer API and the SQLAlchemy adapters.
-PUBLIC_SUBMODULES = {"estafeta.eventsourcing", "estafeta.aio", "estafeta.sqlalchemy", "estafeta.sqlalchemy.asyncio"}
+PUBLIC_SUBMODULES = {
+    "estafeta.eventsourcing",
+    "estafeta.aio",
+    "estafeta.sqlalchemy",
+    "estafeta.sqlalchemy.asyncio",
+    "estafeta.django",
+}
 
 
 @pytest.mark.parametrize("package", ["actors", "examples"])
