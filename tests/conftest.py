@@ -49,6 +49,30 @@ def database_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def django_project(database_url: str) -> None:
+    """Django configured once for the run, on the run's database (Django's settings are per process)."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        parts = psycopg.conninfo.conninfo_to_dict(database_url)
+        settings.configure(
+            DATABASES={
+                "default": {
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": parts.get("dbname"),
+                    "HOST": parts.get("host"),
+                    "PORT": parts.get("port", 5432),
+                    "USER": parts.get("user"),
+                }
+            },
+            INSTALLED_APPS=["django.contrib.contenttypes", "estafeta.django", "examples.shelf_django"],
+            USE_TZ=True,
+        )
+        django.setup()
+
+
+@pytest.fixture(scope="session")
 def amqp_url() -> Iterator[str]:
     """A RabbitMQ URL on this run's own vhost (skips, or fails under CI, without RabbitMQ)."""
     with rabbitmq_vhost() as url:

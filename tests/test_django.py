@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,29 +16,6 @@ from examples.shelf import ItemAdded, Restock, Stocking, idempotency, shelf, sto
 
 from .helpers import scalar, wait_until
 from .test_sqlalchemy import counts
-
-
-@pytest.fixture(scope="session")
-def django_project(database_url: str) -> None:
-    """Django configured once for the run, on the run's database (Django's settings are per process)."""
-    from django.conf import settings
-
-    if not settings.configured:
-        parts = psycopg.conninfo.conninfo_to_dict(database_url)
-        settings.configure(
-            DATABASES={
-                "default": {
-                    "ENGINE": "django.db.backends.postgresql",
-                    "NAME": parts.get("dbname"),
-                    "HOST": parts.get("host"),
-                    "PORT": parts.get("port", 5432),
-                    "USER": parts.get("user"),
-                }
-            },
-            INSTALLED_APPS=["django.contrib.contenttypes", "estafeta.django", "examples.shelf_django"],
-            USE_TZ=True,
-        )
-        django.setup()
 
 
 @pytest.fixture
@@ -165,3 +143,28 @@ def test_djangos_migrations_and_estafetas_coexist_in_either_order(dj, runtime: R
     # And estafeta migrate after Django's: still nothing to do, nothing of Django's touched.
     assert app.migrate(runtime) == {"shelf": []}
     call_command("migrate", verbosity=0, interactive=False, check_unapplied=True)
+
+
+def test_the_view_places_an_item_once_and_rolls_back_a_failure_after_the_orm_write(dj, conn, monkeypatch) -> None:
+    from django.test import RequestFactory
+
+    from examples.shelf_django import views
+
+    factory = RequestFactory()
+
+    def post(key: str | None, name: str) -> Any:
+        headers = {} if key is None else {"Idempotency-Key": key}
+        body = json.dumps({"name": name})
+        return views.place_item(factory.post("/items", body, content_type="application/json", headers=headers))
+
+    first = post('"k1"', "bolts")
+    again = post('"k1"', "bolts")
+    assert (first.status_code, again.status_code, again["Idempotent-Replayed"]) == (201, 201, "true")
+    assert again.content == first.content
+    assert post('"k1"', "nuts").status_code == 422  # the key again, another request
+    assert post(None, "nuts").status_code == 400  # no key
+    # A request that fails (the name is taken: a unique violation) keeps nothing and records no answer.
+    with pytest.raises(django.db.IntegrityError):
+        post('"k2"', "bolts")
+    assert counts(conn)[:2] == (1, 1)
+    assert scalar(conn, "SELECT count(*) FROM shelf.idempotency_keys") == 1
