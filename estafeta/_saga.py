@@ -439,12 +439,17 @@ class Saga:
         previous: uuid.UUID | None = None,
         traceparent: str | None = None,
     ) -> None:
+        # The command is built first: a saga whose command cannot be built is stuck, even
+        # when its previous send is still in the outbox.
+        built = self.command_for(row)
         if previous is not None and store.requeue_command(conn, self.service, previous):
             return  # the previous send never left the outbox: it is back in line instead
-        plan.run(conn, self._send_plan(row, traceparent=traceparent))
+        plan.run(conn, self._send_plan(row, traceparent=traceparent, built=built))
 
-    def _send_plan(self, row: SagaRow, *, traceparent: str | None = None) -> plan.Plan[None]:
-        current, command, direction = self.command_for(row)
+    def _send_plan(
+        self, row: SagaRow, *, traceparent: str | None = None, built: tuple[SagaStep, Any, str] | None = None
+    ) -> plan.Plan[None]:
+        current, command, direction = built or self.command_for(row)
         message_id = self._message_id(row, direction)
         key = str(row.key)
         context = {
