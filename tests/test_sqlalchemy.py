@@ -315,3 +315,26 @@ def test_sessions_of_many_steps_leave_one_notice_handler_on_the_pooled_connectio
     finally:
         one.close()
     assert len(handlers) == len(set(handlers)) >= 1
+
+
+def test_a_steps_session_commit_only_flushes_and_a_later_failure_rolls_it_back(
+    engine: Engine, runtime: Runtime, conn
+) -> None:
+    from estafeta import StepContext, deliver
+    from estafeta.sqlalchemy import session as step_session
+
+    @shelf.step(Stocking, name="test_commit_then_fail")
+    def commit_then_fail(ctx: StepContext, command: Stocking) -> None:
+        session = step_session(ctx)
+        session.add(Item(item_id=command.item_id, name="committed early?", quantity=0))
+        session.commit()
+        ctx.send(Restock(command.item_id, 1))
+        raise RuntimeError("after the commit")
+
+    try:
+        with pytest.raises(RuntimeError, match="after the commit"):
+            deliver(commit_then_fail, runtime, message_for("shelf.test_commit_then_fail", Stocking(uuid.uuid4(), 1)))
+    finally:
+        shelf._steps.pop("shelf.test_commit_then_fail")
+    assert counts(conn)[:2] == (0, 0)
+    assert scalar(conn, "SELECT count(*) FROM shelf.inbox") == 0
