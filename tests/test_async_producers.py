@@ -16,6 +16,7 @@ from estafeta import ConcurrencyConflict, HttpResponse, IdempotentRequest, Runti
 from estafeta.sqlalchemy import NoTransaction, UnsupportedDriver
 from estafeta.sqlalchemy import asyncio as es
 from examples.shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
+from sql.plan import run_async
 
 from .helpers import scalar, wait_until
 from .test_sqlalchemy import counts, engine_url
@@ -239,3 +240,23 @@ def test_many_requests_on_one_loop_go_on_while_one_waits_for_the_database(
     with_engine(async_engine_url, work, pool_size=25)
     assert counts(conn)[:2] == (21, 21)
     assert scalar(conn, "SELECT version FROM shelf.streams WHERE stream_id = %s", held) == 3
+
+
+def test_a_saga_with_a_sync_hook_is_refused_from_async_code_before_anything_is_written(
+    database_url: str, runtime: Runtime, conn
+) -> None:
+    from actors.order_saga import ORDER_SAGA, OrderData
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as aconn, aconn.transaction():
+            data = OrderData(uuid.uuid4(), "c1", "s1", 1, 100)
+            with pytest.raises(aio.NeedsSyncConnection, match="on_transition hook"):
+                await aio.start_saga(aconn, ORDER_SAGA, data)
+            # The plan itself refuses the hook's call too, had the check above been skipped.
+            with pytest.raises(aio.NeedsSyncConnection, match="on_transition hook of saga order"):
+                async with aconn.transaction():  # a savepoint, rolled back with the error
+                    await run_async(aconn, ORDER_SAGA.start_plan(data))
+
+    run(main)
+    assert scalar(conn, "SELECT count(*) FROM orders.outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM orders.saga_order") == 0
