@@ -260,3 +260,39 @@ def test_a_saga_with_a_sync_hook_is_refused_from_async_code_before_anything_is_w
     run(main)
     assert scalar(conn, "SELECT count(*) FROM orders.outbox") == 0
     assert scalar(conn, "SELECT count(*) FROM orders.saga_order") == 0
+
+
+def test_aio_idempotency_on_an_autocommit_connection_replays_and_keeps_nothing_of_a_failure(
+    database_url: str, runtime: Runtime, conn
+) -> None:
+    calls = []
+
+    async def place(aconn: psycopg.AsyncConnection[Any]) -> HttpResponse:
+        calls.append(1)
+        item_id = uuid.uuid4()
+        await aconn.execute("INSERT INTO shelf.items (item_id, name) VALUES (%s, 'plain')", (item_id,))
+        await aio.send(aconn, shelf, Restock(item_id, 1))
+        return HttpResponse(201, (), str(item_id).encode())
+
+    async def boom(aconn: psycopg.AsyncConnection[Any]) -> HttpResponse:
+        await aconn.execute("INSERT INTO shelf.items (item_id, name) VALUES (%s, 'boom')", (uuid.uuid4(),))
+        await aio.send(aconn, shelf, Restock(uuid.uuid4(), 1))
+        raise RuntimeError("after the writes")
+
+    request = IdempotentRequest("client-1", "k1", "POST", "/items", b"{}", "application/json")
+
+    async def main() -> tuple[HttpResponse, HttpResponse]:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
+            first = await aio.run_idempotent(aconn, idempotency, request, place)
+            again = await aio.run_idempotent(aconn, idempotency, request, place)
+            with pytest.raises(RuntimeError, match="after the writes"):
+                await aio.run_idempotent(aconn, idempotency, IdempotentRequest("client-1", "k2", "POST", "/x"), boom)
+        async with await psycopg.AsyncConnection.connect(database_url) as not_autocommit:
+            with pytest.raises(ValueError, match="autocommit"):
+                await aio.run_idempotent(not_autocommit, idempotency, request, place)
+        return first, again
+
+    first, again = run(main)
+    assert (first.replayed, again.replayed, again.body) == (False, True, first.body)
+    assert len(calls) == 1
+    assert counts(conn)[:2] == (1, 1)
