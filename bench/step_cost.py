@@ -1,6 +1,7 @@
 """What one step delivery costs the database: statements, round trips and commits, per actor.
 
     python -m bench.step_cost [--orders 20] [--pings 20]
+    python -m bench.step_cost --orm 200     # what an ORM session in a step adds (bench/orm_steps.py)
 
 Deliveries run one at a time in this process (the order system's steps, a hand-driven
 courier moving outbox rows to them) on a pool of one connection per database, whose libpq
@@ -200,6 +201,80 @@ def run(orders: int, pings: int) -> dict[str, Cost]:
     return dict(costs)
 
 
+def run_orm(deliveries: int) -> tuple[dict[str, Cost], dict[str, tuple[float, float]]]:
+    """Deliver ``deliveries`` messages to each step of :mod:`bench.orm_steps`; return the cost and times per actor.
+
+    The times are the median wall time of a delivery and its median CPU time in this process
+    (the CPU time is what a loaded machine changes least).
+
+    The first delivery to each step is a warm-up, not counted: the first session of a
+    process also runs SQLAlchemy's dialect checks (a few statements, once).
+    """
+    import statistics
+    import time
+
+    from . import orm_steps
+
+    def prepare(dsn: str) -> None:
+        runtime = Runtime(Settings(database_url=dsn))
+        runtime.migrate(orm_steps.app.services)
+        runtime.close()
+
+    costs: dict[str, Cost] = collections.defaultdict(Cost)
+    times: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    with scratch_database(ADMIN_DSN, prepare) as dsn, tempfile.TemporaryDirectory() as folder:
+        runtime = Runtime(Settings(database_url=dsn, pool_size=1))
+        tracer = Tracer(runtime, ["ormbench"], Path(folder))
+        tracer.start()
+        counter = uuid.uuid4()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO ormbench.counters (counter_id) VALUES (%s)", (counter,))
+        steps = orm_steps.app.steps
+        for actor, kind in orm_steps.COMMANDS.items():
+            for n in range(deliveries + 1):
+                message = to_message_for(actor, kind(counter, 1))
+                if n == 0:
+                    deliver(steps[actor], runtime, message)
+                    continue
+                started, cpu = time.perf_counter(), time.process_time()
+                deliver(steps[actor], runtime, message)
+                times[actor].append((time.perf_counter() - started, time.process_time() - cpu))
+            # Counted on separate deliveries: tracing slows the timed ones down.
+            for _ in range(min(deliveries, 20)):
+                message = to_message_for(actor, kind(counter, 1))
+                _, lines = tracer.read("ormbench", functools.partial(deliver, steps[actor], runtime, message))
+                costs[actor].add(read_trace(lines))
+        runtime.close()
+    medians = {
+        actor: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for actor, ts in times.items()
+    }
+    return dict(costs), medians
+
+
+def to_message_for(actor: str, command: Any) -> Any:
+    """The message the relay would publish for ``command`` to ``actor``."""
+    import dramatiq
+
+    from estafeta import to_json
+
+    queue = actor.split(".")[0]
+    return dramatiq.Message(queue_name=queue, actor_name=actor, args=(to_json(command),), kwargs={}, options={})
+
+
+def report_orm(costs: dict[str, Cost], medians: dict[str, tuple[float, float]]) -> str:
+    """A table per step of :mod:`bench.orm_steps`: counts per delivery and the median times."""
+    header = f"{'actor':28} {'statements':>10} {'round trips':>11} {'commits':>8} {'wall ms':>8} {'cpu ms':>7}"
+    lines = [header]
+    for actor, cost in costs.items():
+        n = cost.deliveries
+        wall, cpu = medians[actor]
+        lines.append(
+            f"{actor:28} {cost.statements / n:>10.1f} {cost.round_trips / n:>11.1f} {cost.commits / n:>8.1f}"
+            f" {wall * 1000:>8.2f} {cpu * 1000:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
 def report(costs: dict[str, Cost]) -> str:
     """A table: per delivery of each actor, and over the whole saga."""
     lines = [f"{'actor':40} {'deliveries':>10} {'statements':>10} {'round trips':>11} {'commits':>8} {'async':>6}"]
@@ -225,7 +300,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--orders", type=int, default=20)
     parser.add_argument("--pings", type=int, default=20)
+    parser.add_argument("--orm", type=int, default=0, help="instead: deliveries per step of bench/orm_steps.py")
     args = parser.parse_args()
+    if args.orm:
+        print(f"run {uuid.uuid4().hex[:6]}: {args.orm} deliveries per step, one at a time")
+        print(report_orm(*run_orm(args.orm)))
+        return
     print(f"run {uuid.uuid4().hex[:6]}: {args.pings} ping/pongs, {args.orders} order sagas, one delivery at a time")
     print(report(run(args.orders, args.pings)))
 

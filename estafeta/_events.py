@@ -19,7 +19,7 @@ import attrs
 import psycopg
 import psycopg.errors
 
-from sql import event_store
+from sql import event_store, plan
 from sql.errors import EstafetaError
 
 from ._event_types import (
@@ -179,15 +179,32 @@ class EventStore:
         The stream's row stays locked until the transaction ends. ``stream_type`` defaults
         to the stream id's category, the part before its first ``-`` (``order-42``: ``order``).
         """
+        plan_ = self.append_plan(
+            stream_id, events, expected_version=expected_version, stream_type=stream_type, metadata=metadata
+        )
+        return plan.run(conn, plan_)
+
+    def append_plan(
+        self,
+        stream_id: str,
+        events: Sequence[Any],
+        *,
+        expected_version: ExpectedVersion = ANY,
+        stream_type: str | None = None,
+        metadata: EventMetadata | None = None,
+    ) -> plan.Plan[list[RecordedEvent[Any]]]:
+        """:meth:`append` as a plan, for any driver (``estafeta.aio`` runs it on an async connection)."""
         meta = (metadata or EventMetadata()).to_json()
         encoded = [self.registry.encode(event) for event in events]
         rows = [event_store.NewEvent(uuid.uuid4(), t.name, t.version, data, meta) for t, data in encoded]
         expected = _expected_number(expected_version)
         kind = stream_type or stream_id.split("-", 1)[0]
+        statement = event_store.append_statement(self.schema, stream_id, rows, expected=expected, stream_type=kind)
         with _translate_conflicts(stream_id):
-            appended = event_store.append(conn, self.schema, stream_id, rows, expected=expected, stream_type=kind)
+            appended = event_store.appended((yield statement))
         if appended is None:
-            raise self._conflict(conn, stream_id, expected)
+            state = yield from event_store.stream_state_plan(self.schema, stream_id)
+            raise self._conflict(state, stream_id, expected)
         return [
             RecordedEvent(
                 event,
@@ -297,8 +314,9 @@ class EventStore:
             row.recorded_at,
         )
 
-    def _conflict(self, conn: psycopg.Connection[Any], stream_id: str, expected: int | None) -> ConcurrencyConflict:
-        state = event_store.stream_state(conn, self.schema, stream_id)
+    def _conflict(
+        self, state: event_store.StreamState | None, stream_id: str, expected: int | None
+    ) -> ConcurrencyConflict:
         where = f"stream {stream_id!r} in {self.schema}"
         if state is None:
             reason = f"{where} does not exist, expected version {expected}"

@@ -26,17 +26,21 @@ are pruned in batches (:meth:`Idempotency.prune`).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import re
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from sql import idempotency as store
+from sql import plan
+from sql.errors import DatabaseError
 
 from ._problem import HttpResponse, Problem
 from ._saga_model import as_timedelta
@@ -44,6 +48,8 @@ from ._saga_model import as_timedelta
 if TYPE_CHECKING:
     from ._app import Service
     from ._runtime import Runtime
+
+T = TypeVar("T")
 
 #: How long a key's record is kept when nothing else is said.
 DEFAULT_TTL = timedelta(hours=24)
@@ -186,37 +192,50 @@ class Idempotency:
 
     def run_on(self, conn: psycopg.Connection[Any], request: IdempotentRequest, handler: Handler) -> HttpResponse:
         """:meth:`run` on a connection of the service's database (in autocommit: the transactions are this method's)."""
+
+        def perform(step: Step) -> Any:
+            return handler(conn) if step is Step.HANDLE else boundary(conn, step)
+
+        return plan.run(conn, self.plan_for(request), perform)
+
+    def plan_for(self, request: IdempotentRequest) -> plan.Plan[HttpResponse]:
+        """:meth:`run` for ``request`` as a plan, for any driver: its transactions and its call of the handler.
+
+        Besides statements it yields :class:`Step` values: the driver begins, commits or
+        rolls back a transaction of its own, or calls the handler in the open transaction
+        (answering with the handler's :class:`HttpResponse`). ``estafeta.aio`` and
+        ``estafeta.sqlalchemy`` drive it on async connections and ORM sessions.
+        """
         if request.key is None:
-            return _without_key(conn, handler)
+            return (yield from _transaction(_without_key()))
         for _ in range(_ATTEMPTS):
             try:
-                response = self._attempt(conn, request, request.key, handler)
+                response = yield from _transaction(self._attempt(request, request.key))
             except _LostRace:
                 continue  # the winner's record is visible now: the next attempt answers with it
             if 400 <= response.status < 500 and not response.replayed:
-                self._record_refusal(conn, request, request.key, response)
+                # The refusal's own transaction, right after the one that rolled the handler's
+                # writes back (so a success pays for no savepoint).
+                yield from _transaction(self._record_refusal(request, request.key, response))
             return response
         raise RuntimeError(f"key {request.key!r} of {request.client!r}: its record keeps changing under its lock")
 
-    def _attempt(
-        self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str, handler: Handler
-    ) -> HttpResponse:
+    def _attempt(self, request: IdempotentRequest, key: str) -> plan.Plan[tuple[bool, HttpResponse]]:
         # One transaction: the key's claim, the handler's work and the record. An answer of
         # 400 or more keeps none of the handler's writes (a refusal is recorded afterwards).
-        with conn.transaction() as transaction:
-            replay = self._claim(conn, request, key)
-            if replay is not None:
-                return replay
-            response = _call(handler, conn)
-            if response.status >= 400:
-                raise psycopg.Rollback(transaction)
-            if not self._store(conn, request, key, response):
-                raise _LostRace()
-        return response
+        replay = yield from self._claim(request, key)
+        if replay is not None:
+            return True, replay
+        response = yield from _handle()
+        if response.status >= 400:
+            return False, response
+        if not (yield from self._store(request, key, response)):
+            raise _LostRace()
+        return True, response
 
-    def _claim(self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str) -> HttpResponse | None:
-        found, locked = store.claim(
-            conn, self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
+    def _claim(self, request: IdempotentRequest, key: str) -> plan.Plan[HttpResponse | None]:
+        found, locked = yield from store.claim_plan(
+            self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
         )
         if not locked:
             raise IdempotencyKeyInFlight(
@@ -232,33 +251,31 @@ class Idempotency:
         return HttpResponse(found.status, found.headers, found.body, replayed=True)
 
     def _record_refusal(
-        self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str, response: HttpResponse
-    ) -> None:
-        # The refusal's own transaction, right after the one that rolled the handler's
-        # writes back (so a success pays for no savepoint). If another request with the key
-        # came in between, its answer is the key's record and this refusal is not kept.
-        with conn.transaction():
-            found, locked = store.claim(
-                conn, self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
-            )
-            if found is None and locked:
-                self._store(conn, request, key, response)
+        self, request: IdempotentRequest, key: str, response: HttpResponse
+    ) -> plan.Plan[tuple[bool, None]]:
+        # If another request with the key came in between, its answer is the key's record and
+        # this refusal is not kept.
+        found, locked = yield from store.claim_plan(
+            self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
+        )
+        if found is None and locked:
+            yield from self._store(request, key, response)
+        return True, None
 
-    def _store(
-        self, conn: psycopg.Connection[Any], request: IdempotentRequest, key: str, response: HttpResponse
-    ) -> bool:
-        return store.store(
-            conn,
-            self.service,
-            client=request.client,
-            key=key,
-            fingerprint=request.fingerprint,
-            method=request.method.upper(),
-            target=request.target,
-            status=response.status,
-            headers=response.headers,
-            body=response.body,
-            ttl=self.ttl,
+    def _store(self, request: IdempotentRequest, key: str, response: HttpResponse) -> plan.Plan[bool]:
+        return (
+            yield from store.store_plan(
+                self.service,
+                client=request.client,
+                key=key,
+                fingerprint=request.fingerprint,
+                method=request.method.upper(),
+                target=request.target,
+                status=response.status,
+                headers=response.headers,
+                body=response.body,
+                ttl=self.ttl,
+            )
         )
 
     def _lock_name(self, client: str, key: str) -> str:
@@ -279,17 +296,66 @@ class _LostRace(Exception):
     """Another request with the key committed its record after this one's claim looked: start over."""
 
 
-def _call(handler: Handler, conn: psycopg.Connection[Any]) -> HttpResponse:
+class Step(enum.Enum):
+    """What :meth:`Idempotency.plan` asks of its driver, besides statements."""
+
+    #: Begin a transaction.
+    BEGIN = "begin"
+    #: Commit it.
+    COMMIT = "commit"
+    #: Roll it back.
+    ROLLBACK = "rollback"
+    #: Call the handler in the open transaction; answer with its :class:`HttpResponse`.
+    HANDLE = "handle"
+
+
+def _transaction(body: plan.Plan[tuple[bool, T]]) -> plan.Plan[T]:
+    """``body`` in a transaction of its own: committed if it says so, rolled back if not or if it raises."""
+    yield Step.BEGIN
     try:
-        return handler(conn)
+        commit, value = yield from body
+        yield Step.COMMIT if commit else Step.ROLLBACK
+    except Exception:
+        yield Step.ROLLBACK
+        raise
+    return value
+
+
+def _handle() -> plan.Plan[HttpResponse]:
+    try:
+        response: HttpResponse = yield Step.HANDLE
     except Problem as problem:
         return problem.response()
-
-
-def _without_key(conn: psycopg.Connection[Any], handler: Handler) -> HttpResponse:
-    # Nothing to record: an answer of 400 or more leaves nothing behind.
-    with conn.transaction() as transaction:
-        response = _call(handler, conn)
-        if response.status >= 400:
-            raise psycopg.Rollback(transaction)
     return response
+
+
+def _without_key() -> plan.Plan[tuple[bool, HttpResponse]]:
+    # Nothing to record: an answer of 400 or more leaves nothing behind.
+    response = yield from _handle()
+    return response.status < 400, response
+
+
+def boundary(conn: psycopg.Connection[Any], step: Step) -> None:
+    """Begin, commit or roll back a transaction on the autocommit ``conn``."""
+    if step is Step.BEGIN:
+        conn.execute("BEGIN")
+    elif step is Step.COMMIT:
+        _committed(conn.execute("COMMIT").statusmessage)
+    elif conn.info.transaction_status != TransactionStatus.IDLE and not conn.closed:
+        conn.execute("ROLLBACK")
+
+
+async def boundary_async(conn: psycopg.AsyncConnection[Any], step: Step) -> None:
+    """:func:`boundary` on an asynchronous connection."""
+    if step is Step.BEGIN:
+        await conn.execute("BEGIN")
+    elif step is Step.COMMIT:
+        _committed((await conn.execute("COMMIT")).statusmessage)
+    elif conn.info.transaction_status != TransactionStatus.IDLE and not conn.closed:
+        await conn.execute("ROLLBACK")
+
+
+def _committed(status: str | None) -> None:
+    if status != "COMMIT":
+        # PostgreSQL answers a COMMIT of a failed transaction with ROLLBACK.
+        raise DatabaseError(f"the idempotency record's transaction did not commit ({status})")

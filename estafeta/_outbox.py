@@ -22,6 +22,7 @@ import attrs
 import psycopg
 
 from sql import outbox as store
+from sql import plan
 
 from . import _tracing as tracing
 from ._errors import RoutingError
@@ -37,8 +38,17 @@ class Address:
     queue_name: str
 
 
-def send(
-    conn: psycopg.Connection[Any],
+def send(conn: psycopg.Connection[Any], command: Any, **options: Any) -> uuid.UUID:
+    """Write ``command`` in ``conn``'s transaction (:func:`send_plan`); return its message id."""
+    return plan.run(conn, send_plan(command, **options))
+
+
+def publish(conn: psycopg.Connection[Any], event: Any, **options: Any) -> list[uuid.UUID]:
+    """Write ``event`` for its subscribers in ``conn``'s transaction (:func:`publish_plan`); return the message ids."""
+    return plan.run(conn, publish_plan(event, **options))
+
+
+def send_plan(
     command: Any,
     *,
     service: str,
@@ -50,7 +60,7 @@ def send(
     message_id: uuid.UUID | None = None,
     options: Mapping[str, Any] | None = None,
     traceparent: str | None = None,
-) -> uuid.UUID:
+) -> plan.Plan[uuid.UUID]:
     """Write ``command`` for the one step of ``router`` that handles its type (or for ``to``); return its message id.
 
     ``message_id`` makes a re-send deduplicable by the receiver's inbox; ``delay``
@@ -69,12 +79,11 @@ def send(
             )
         to = Address(handlers[0].actor_name, handlers[0].queue_name)
     message_id = message_id or uuid.uuid4()
-    _write(conn, service, to, command, message_id, delay, ordering_key, saga_id, options, traceparent)
+    yield from _write(service, to, command, message_id, delay, ordering_key, saga_id, options, traceparent)
     return message_id
 
 
-def publish(
-    conn: psycopg.Connection[Any],
+def publish_plan(
     event: Any,
     *,
     service: str,
@@ -84,7 +93,7 @@ def publish(
     options: Mapping[str, Any] | None = None,
     traceparent: str | None = None,
     unheard_ok: bool = False,
-) -> list[uuid.UUID]:
+) -> plan.Plan[list[uuid.UUID]]:
     """Write ``event`` once for every step of ``router`` subscribed to its type; return the message ids.
 
     Subscribers are found when the event is published, among the steps of the publishing
@@ -105,7 +114,7 @@ def publish(
     for handler in handlers:
         message_id = uuid.uuid4()
         to = Address(handler.actor_name, handler.queue_name)
-        _write(conn, service, to, event, message_id, None, ordering_key, saga_id, options, traceparent)
+        yield from _write(service, to, event, message_id, None, ordering_key, saga_id, options, traceparent)
         ids.append(message_id)
     return ids
 
@@ -116,7 +125,6 @@ def message_type(kind: type) -> str:
 
 
 def _write(
-    conn: psycopg.Connection[Any],
     service: str,
     to: Address,
     body: Any,
@@ -126,7 +134,8 @@ def _write(
     saga_id: uuid.UUID | None,
     options: Mapping[str, Any] | None,
     traceparent: str | None,
-) -> None:
+) -> plan.Plan[None]:
+    """The plan writing one outbox row (its ``create`` span around the write)."""
     message_options: dict[str, Any] = dict(options or {})
     if saga_id is not None:
         message_options["saga_id"] = str(saga_id)
@@ -135,8 +144,7 @@ def _write(
     # The row stores its creation context: the `create` span's, never the relay's.
     with tracing.creating(to.queue_name, to.actor_name, message_id, saga_id, traceparent) as trace_context:
         message_options.update(trace_context)
-        store.insert(
-            conn,
+        yield store.insert_statement(
             service,
             store.OutgoingMessage(
                 message_id=message_id,

@@ -49,6 +49,7 @@ import attrs
 import psycopg
 from prometheus_client import Counter
 
+from sql import plan
 from sql import sagas as store
 from sql.migrate import Migration
 from sql.sagas import KEY_TYPES, SagaRow, SagaTable
@@ -209,12 +210,24 @@ class Saga:
         With a ``saga_id`` that already exists, nothing happens (a retried start).
         ``step_timeout`` is kept in the row: the wait for steps that declare none.
         """
+        return plan.run(
+            conn, self.start_plan(data, saga_id=saga_id, step_timeout=step_timeout, traceparent=traceparent)
+        )
+
+    def start_plan(
+        self,
+        data: Any,
+        *,
+        saga_id: uuid.UUID | None = None,
+        step_timeout: timedelta | float = 30.0,
+        traceparent: str | None = None,
+    ) -> plan.Plan[uuid.UUID]:
+        """:meth:`start` as a plan, for any driver (``estafeta.aio`` runs it on an async connection)."""
         saga_id = saga_id or uuid.uuid4()
         first = next(s for s in self.steps if s.action is not None)
         timeout = as_timedelta(step_timeout)
         assert timeout is not None
-        inserted = store.insert(
-            conn,
+        inserted = yield store.insert_statement(
             self.table,
             saga_id=saga_id,
             key=getattr(data, self.key),
@@ -223,13 +236,13 @@ class Saga:
             step_timeout=timeout,
             wait=self._wait(first, timeout, 1),
         )
-        if not inserted:
+        if inserted.rowcount != 1:
             return saga_id
-        row = store.lock(conn, self.table, saga_id)
+        row = yield from store.lock_plan(self.table, saga_id)
         assert row is not None
-        self._record(conn, None, row, "started", f"waiting for {first.name}")
+        yield from self._record_plan(None, row, "started", f"waiting for {first.name}")
         TRANSITIONS.labels(self.name, "running").inc()
-        self._send(conn, row, traceparent=traceparent)
+        yield from self._send_plan(row, traceparent=traceparent)
         return saga_id
 
     # -- the orchestrator step ------------------------------------------------------------
@@ -426,9 +439,17 @@ class Saga:
         previous: uuid.UUID | None = None,
         traceparent: str | None = None,
     ) -> None:
-        current, command, direction = self.command_for(row)
+        # The command is built first: a saga whose command cannot be built is stuck, even
+        # when its previous send is still in the outbox.
+        built = self.command_for(row)
         if previous is not None and store.requeue_command(conn, self.service, previous):
             return  # the previous send never left the outbox: it is back in line instead
+        plan.run(conn, self._send_plan(row, traceparent=traceparent, built=built))
+
+    def _send_plan(
+        self, row: SagaRow, *, traceparent: str | None = None, built: tuple[SagaStep, Any, str] | None = None
+    ) -> plan.Plan[None]:
+        current, command, direction = built or self.command_for(row)
         message_id = self._message_id(row, direction)
         key = str(row.key)
         context = {
@@ -439,8 +460,7 @@ class Saga:
             "direction": direction,
         }
         reply_to = {"actor": self.reply_actor, "queue": self.service, "context": context, "ordering_key": key}
-        outbox.send(
-            conn,
+        yield from outbox.send_plan(
             command,
             service=self.service,
             router=self.owner.router,
@@ -551,9 +571,20 @@ class Saga:
 
         Both in the transition's transaction.
         """
+        plan.run(conn, self._record_plan(before, after, event, detail, reply, logged=logged))
+
+    def _record_plan(
+        self,
+        before: SagaRow | None,
+        after: SagaRow,
+        event: str,
+        detail: str | None,
+        reply: Reply | None = None,
+        *,
+        logged: bool = False,
+    ) -> plan.Plan[None]:
         if not logged:
-            store.log(
-                conn,
+            yield store.log_statement(
                 self.table,
                 saga_id=after.saga_id,
                 version=after.version,
@@ -562,7 +593,8 @@ class Saga:
                 event=event,
                 detail=detail,
             )
-        if self.on_transition is None:
+        hook = self.on_transition
+        if hook is None:
             return
         try:
             data: Any = self._state(after).data
@@ -581,7 +613,7 @@ class Saga:
             error=after.last_error,
             reply=reply,
         )
-        self.on_transition(conn, transition)
+        yield plan.SyncOnly(lambda conn: hook(conn, transition), f"the on_transition hook of saga {self.name}")
 
 
 def _key_type(data: type, key: str) -> str:

@@ -87,6 +87,10 @@ class StepContext:
     refusal_writes: list[Callable[[psycopg.Connection[Any]], object]] = attrs.field(factory=list)
     #: The service's event store, if it has one (``Service.use_events``).
     event_store: EventStore | None = None
+    #: What adapters keep for this delivery, by name (``estafeta.sqlalchemy.session``'s ORM session).
+    resources: dict[str, Any] = attrs.field(factory=dict)
+    #: What :meth:`before_commit` asked to run once the step's function has returned.
+    commit_hooks: list[Callable[[], object]] = attrs.field(factory=list)
 
     @property
     def fencing_token(self) -> int | None:
@@ -102,6 +106,15 @@ class StepContext:
         too: a command sent twice must not be refused once and done once.
         """
         self.refusal_writes.append(write)
+
+    def before_commit(self, hook: Callable[[], object]) -> None:
+        """Run ``hook()`` in this transaction once the step's function has returned, before its answer and commit.
+
+        An adapter flushes its unit of work there (an ORM session's pending changes); an
+        exception rolls the step back like one raised by the step. Not run when the step
+        refuses or fails.
+        """
+        self.commit_hooks.append(hook)
 
     @property
     def events(self) -> StepEvents:
@@ -303,6 +316,8 @@ def _run(
         )
         try:
             result = spec.fn(ctx, command)
+            for hook in ctx.commit_hooks:
+                hook()
         except BusinessFailure as failure:
             # Back to the savepoint: the step's own work is undone, not the inbox record.
             step_tx.roll_back_work(conn)

@@ -26,9 +26,9 @@ from typing import Any
 import attrs
 import psycopg
 from psycopg import pq, sql
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from . import plan
 from .queries import query
 
 #: The channel the ``events_wake`` trigger NOTIFYs at commit (payload: the schema).
@@ -130,6 +130,14 @@ def append(
     waits, then conflicts. Events are never inserted with ``ON CONFLICT DO NOTHING``: a
     duplicate version or event id is an error, never a silent loss.
     """
+    result = plan.execute(conn, append_statement(schema, stream_id, events, expected=expected, stream_type=stream_type))
+    return appended(result)
+
+
+def append_statement(
+    schema: str, stream_id: str, events: Sequence[NewEvent], *, expected: int | None, stream_type: str
+) -> plan.Statement:
+    """The one statement of :func:`append`, for a plan; :func:`appended` reads its result."""
     if not events:
         raise ValueError(f"nothing to append to stream {stream_id!r}")
     variant = "stream_any" if expected is None else "stream_new" if expected == 0 else "stream_expected"
@@ -145,15 +153,24 @@ def append(
         "data": Jsonb([e.data for e in events]),
         "metadata": Jsonb([e.metadata for e in events]),
     }
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(statement, params).fetchall()
-    return [Appended(**row) for row in rows] or None
+    return plan.Statement(statement, params, plan.Fetch.DICTS)
+
+
+def appended(result: plan.Result | None) -> list[Appended] | None:
+    """Where :func:`append_statement`'s events landed; ``None`` on a conflict (nothing written)."""
+    assert result is not None
+    return [Appended(**row) for row in result.rows] or None
 
 
 def stream_state(conn: psycopg.Connection[Any], schema: str, stream_id: str) -> StreamState | None:
     """The stream's current row, or ``None`` if it has no event."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(_query("stream_state", schema), {"stream_id": stream_id}).fetchone()
+    return plan.run(conn, stream_state_plan(schema, stream_id))
+
+
+def stream_state_plan(schema: str, stream_id: str) -> plan.Plan[StreamState | None]:
+    """:func:`stream_state`, as a plan."""
+    result = yield plan.Statement(_query("stream_state", schema), {"stream_id": stream_id}, plan.Fetch.DICTS)
+    row = result.first()
     return None if row is None else StreamState(**row)
 
 

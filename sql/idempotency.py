@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from . import queries
+from . import plan, queries
 
 #: The directory of ``sql/migrations`` holding the table (``Service.use_builtin_migrations``).
 MIGRATIONS = "_idempotency"
@@ -52,8 +52,14 @@ def claim(
     Returns ``(record, True)``, ``(None, True)`` (the key is this transaction's now) or
     ``(None, False)`` (another transaction holds it).
     """
+    return plan.run(conn, claim_plan(schema, client=client, key=key, lock_name=lock_name))
+
+
+def claim_plan(schema: str, *, client: str, key: str, lock_name: str) -> plan.Plan[tuple[StoredKey | None, bool]]:
+    """:func:`claim`, as a plan."""
     params = {"client": client, "key": key, "lock_name": lock_name}
-    row = conn.execute(query("claim_key", schema), params).fetchone()
+    result = yield plan.Statement(query("claim_key", schema), params, plan.Fetch.ROWS)
+    row = result.first()
     assert row is not None
     fingerprint, status, headers, body, locked = row
     if fingerprint is None:
@@ -62,8 +68,12 @@ def claim(
     return StoredKey(str(fingerprint), int(status), pairs, bytes(body)), True
 
 
-def store(
-    conn: psycopg.Connection[Any],
+def store(conn: psycopg.Connection[Any], schema: str, **record: Any) -> bool:
+    """Record the response to a client's key (:func:`store_plan`); ``False`` if an unexpired record exists."""
+    return plan.run(conn, store_plan(schema, **record))
+
+
+def store_plan(
     schema: str,
     *,
     client: str,
@@ -75,7 +85,7 @@ def store(
     headers: Sequence[tuple[str, str]],
     body: bytes,
     ttl: timedelta,
-) -> bool:
+) -> plan.Plan[bool]:
     """Record the response to ``client``'s ``key`` until ``now() + ttl``; ``False`` if an unexpired one exists.
 
     An existing record is seen even if it committed after the caller's last snapshot.
@@ -91,7 +101,8 @@ def store(
         "body": body,
         "ttl": ttl,
     }
-    return conn.execute(query("store_key", schema), params).rowcount == 1
+    result = yield plan.Statement(query("store_key", schema), params, plan.Fetch.ROWCOUNT)
+    return bool(result.rowcount == 1)
 
 
 def prune(conn: psycopg.Connection[Any], schema: str, batch_size: int) -> int:

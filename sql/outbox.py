@@ -13,6 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from . import plan
 from .errors import StandbysBehind
 from .queries import query
 
@@ -74,22 +75,25 @@ def insert(conn: psycopg.Connection[Any], schema: str, message: OutgoingMessage)
     rest of the transaction. The relay is woken by a NOTIFY that PostgreSQL delivers
     only at commit.
     """
+    plan.execute(conn, insert_statement(schema, message))
+
+
+def insert_statement(schema: str, message: OutgoingMessage) -> plan.Statement:
+    """The statement :func:`insert` executes: for a plan that any driver runs (``sql.plan``)."""
     body = {"args": list(message.args), "kwargs": message.kwargs, "options": message.options}
-    conn.execute(
-        query("insert_outbox", schema),
-        {
-            "message_id": message.message_id,
-            "queue_name": message.queue_name,
-            "actor_name": message.actor_name,
-            "message": Jsonb(body),
-            "ordering_key": message.ordering_key,
-            "saga_id": message.saga_id,
-            "delay": message.delay,
-            "message_type": message.message_type,
-            "channel": WAKE_CHANNEL,
-            "schema_name": schema,
-        },
-    )
+    params = {
+        "message_id": message.message_id,
+        "queue_name": message.queue_name,
+        "actor_name": message.actor_name,
+        "message": Jsonb(body),
+        "ordering_key": message.ordering_key,
+        "saga_id": message.saga_id,
+        "delay": message.delay,
+        "message_type": message.message_type,
+        "channel": WAKE_CHANNEL,
+        "schema_name": schema,
+    }
+    return plan.Statement(query("insert_outbox", schema), params)
 
 
 def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[OutboxRow]:

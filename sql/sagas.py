@@ -20,7 +20,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import queries, retention
+from . import plan, queries, retention
 from .migrate import Migration
 
 #: Statuses of a saga that is still waiting for a reply.
@@ -152,6 +152,24 @@ def insert(
     wait: timedelta,
 ) -> bool:
     """Create a running saga waiting on ``step``; ``False`` if ``saga_id`` already exists."""
+    statement = insert_statement(
+        table, saga_id=saga_id, key=key, step=step, payload=payload, step_timeout=step_timeout, wait=wait
+    )
+    result = plan.execute(conn, statement)
+    return result is not None and result.rowcount == 1
+
+
+def insert_statement(
+    table: SagaTable,
+    *,
+    saga_id: uuid.UUID,
+    key: Any,
+    step: str,
+    payload: dict[str, Any],
+    step_timeout: timedelta,
+    wait: timedelta,
+) -> plan.Statement:
+    """The statement of :func:`insert`, for a plan (its result's ``rowcount`` is 1 if the saga is new)."""
     params = {
         "saga_id": saga_id,
         "key": key,
@@ -160,7 +178,7 @@ def insert(
         "step_timeout": step_timeout,
         "wait": wait,
     }
-    return conn.execute(query("insert_saga", table), params).rowcount == 1
+    return plan.Statement(query("insert_saga", table), params, plan.Fetch.ROWCOUNT)
 
 
 def get(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> SagaRow | None:
@@ -171,6 +189,13 @@ def get(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> 
 def lock(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> SagaRow | None:
     """The saga's row, locked until the caller's transaction ends."""
     return _one(conn, "lock_saga", table, {"saga_id": saga_id})
+
+
+def lock_plan(table: SagaTable, saga_id: uuid.UUID) -> plan.Plan[SagaRow | None]:
+    """:func:`lock`, as a plan."""
+    result = yield plan.Statement(query("lock_saga", table), {"saga_id": saga_id}, plan.Fetch.DICTS)
+    row = result.first()
+    return SagaRow.from_row(row) if row else None
 
 
 def lock_overdue(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) -> SagaRow | None:
@@ -264,6 +289,23 @@ def log(
     detail: str | None = None,
 ) -> None:
     """Append a transition to the saga's log."""
+    plan.execute(
+        conn,
+        log_statement(table, saga_id=saga_id, version=version, status=status, step=step, event=event, detail=detail),
+    )
+
+
+def log_statement(
+    table: SagaTable,
+    *,
+    saga_id: uuid.UUID,
+    version: int,
+    status: str,
+    step: str,
+    event: str,
+    detail: str | None = None,
+) -> plan.Statement:
+    """The statement of :func:`log`, for a plan."""
     params = {
         "saga_id": saga_id,
         "version": version,
@@ -272,7 +314,7 @@ def log(
         "event": event,
         "detail": detail,
     }
-    conn.execute(query("insert_log", table), params)
+    return plan.Statement(query("insert_log", table), params)
 
 
 def sends(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID, step: str) -> int:

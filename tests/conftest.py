@@ -18,6 +18,7 @@ from brokers.relay import Outbox, Relay, RelayConfig
 from estafeta import App, Runtime, Service, Settings
 from examples.booking import app as booking_app
 from examples.loyalty.service import app as loyalty_app
+from examples.shelf import app as shelf_app
 from examples.welcome.flow import app as welcome_app
 
 from .app import app as tests_app
@@ -25,7 +26,7 @@ from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (
 from .services import drop_redis_namespace, rabbitmq_vhost, redis_namespaced, scratch_database
 
 #: Every app the tests run: the order system with the probe service, and the examples.
-APPS: list[App] = [tests_app, loyalty_app, welcome_app, booking_app]
+APPS: list[App] = [tests_app, loyalty_app, welcome_app, booking_app, shelf_app]
 
 
 def all_services() -> list[Service]:
@@ -45,6 +46,30 @@ def database_url() -> Iterator[str]:
         runtime.migrate(all_services())
         runtime.close()
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def django_project(database_url: str) -> None:
+    """Django configured once for the run, on the run's database (Django's settings are per process)."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        parts = psycopg.conninfo.conninfo_to_dict(database_url)
+        settings.configure(
+            DATABASES={
+                "default": {
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": parts.get("dbname"),
+                    "HOST": parts.get("host"),
+                    "PORT": parts.get("port", 5432),
+                    "USER": parts.get("user"),
+                }
+            },
+            INSTALLED_APPS=["django.contrib.contenttypes", "estafeta.django", "examples.shelf_django"],
+            USE_TZ=True,
+        )
+        django.setup()
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,18 @@ def test_importing_every_module_of_estafeta_sets_no_broker_and_reads_no_environm
     assert found["apps"] == []
 
 
+def test_the_runtime_and_the_async_api_import_no_framework() -> None:
+    # The extras stay optional: an app that never imports estafeta.sqlalchemy needs no SQLAlchemy.
+    code = (
+        "import sys, estafeta, estafeta.aio, cli.main, actors.app, brokers.relay;"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'django')))"
+    )
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_the_public_api_is_all_documented_and_importable() -> None:
     assert sorted(estafeta.__all__) == sorted(set(estafeta.__all__))
     for name in estafeta.__all__:
@@ -65,8 +77,15 @@ def _imports(path: Path) -> list[str]:
     return found
 
 
-#: Modules under estafeta that apps may import: the eventsourcing library's persistence module.
-PUBLIC_SUBMODULES = {"estafeta.eventsourcing"}
+#: Modules under estafeta that apps may import: the eventsourcing library's persistence module,
+#: the async producer API and the SQLAlchemy adapters.
+PUBLIC_SUBMODULES = {
+    "estafeta.eventsourcing",
+    "estafeta.aio",
+    "estafeta.sqlalchemy",
+    "estafeta.sqlalchemy.asyncio",
+    "estafeta.django",
+}
 
 
 @pytest.mark.parametrize("package", ["actors", "examples"])

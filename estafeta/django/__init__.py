@@ -1,0 +1,164 @@
+"""estafeta in Django (the ``django`` extra): the outbox inside ``transaction.atomic()``.
+
+Add ``"estafeta.django"`` to ``INSTALLED_APPS`` (an app with no models of its own), and in a
+view::
+
+    from django.db import transaction
+    from estafeta import django as es
+
+    with transaction.atomic():
+        Order.objects.create(id=order_id, total=42)
+        es.send(orders, ChargePayment(order_id))     # commits with the Order, or not at all
+
+Every function writes through the psycopg 3 connection of Django's PostgreSQL backend
+(``using`` names the database alias), inside the current ``atomic`` block: Django's writes
+and estafeta's rows commit together, and a nested ``atomic`` (a savepoint) that rolls back
+takes the rows written inside it. Outside ``atomic`` (Django's autocommit, where each
+statement commits on its own) :class:`NoTransaction` is raised; a backend other than
+PostgreSQL on psycopg 3 raises :class:`UnsupportedBackend`. Both are Django's
+``TransactionManagementError`` / ``ImproperlyConfigured`` too.
+
+estafeta's tables live in each service's own schema and are created by ``estafeta migrate``;
+Django's migrations never touch them (see ``docs/how-to/django.md`` for the order to run both).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.transaction import TransactionManagementError
+
+from sql import plan
+from sql.errors import EstafetaError
+
+from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
+from .._idempotency import Idempotency, IdempotentRequest, Step
+from .._problem import HttpResponse
+
+if TYPE_CHECKING:
+    from .._app import Service
+    from .._saga import Saga
+
+__all__ = [
+    "NoTransaction",
+    "UnsupportedBackend",
+    "append_events",
+    "connection",
+    "publish",
+    "run_idempotent",
+    "send",
+    "start_saga",
+]
+
+
+class UnsupportedBackend(EstafetaError, ImproperlyConfigured):
+    """This database alias is not PostgreSQL on psycopg 3: estafeta writes through psycopg 3 only."""
+
+
+class NoTransaction(EstafetaError, TransactionManagementError):
+    """Not inside ``transaction.atomic()``: what estafeta wrote would commit on its own."""
+
+
+def connection(using: str = DEFAULT_DB_ALIAS) -> psycopg.Connection[Any]:
+    """The psycopg connection of Django's ``using`` database, inside its current ``atomic`` block."""
+    wrapper = connections[using]
+    if wrapper.vendor != "postgresql":
+        raise UnsupportedBackend(f"database {using!r} is {wrapper.vendor}: estafeta needs PostgreSQL (psycopg 3)")
+    if not wrapper.in_atomic_block:
+        raise NoTransaction(
+            f"database {using!r} is not inside transaction.atomic(): wrap the writes and estafeta's call in one,"
+            " so that they commit together"
+        )
+    wrapper.ensure_connection()
+    driver = wrapper.connection
+    if not isinstance(driver, psycopg.Connection):
+        raise UnsupportedBackend(
+            f"database {using!r} runs on {type(driver).__module__} (psycopg2?): estafeta needs psycopg 3;"
+            " install psycopg (Django uses it when both are installed)"
+        )
+    if wrapper.needs_rollback:
+        raise TransactionManagementError(
+            "An error occurred in the current transaction. You can't execute queries until the end of the"
+            " 'atomic' block."
+        )
+    return driver
+
+
+def send(service: Service, command: Any, *, using: str = DEFAULT_DB_ALIAS, **options: Any) -> uuid.UUID:
+    """:meth:`Service.send <estafeta.Service.send>` in the current ``atomic`` block; return the message id."""
+    return service.send(connection(using), command, **options)
+
+
+def publish(service: Service, event: Any, *, using: str = DEFAULT_DB_ALIAS, **options: Any) -> list[uuid.UUID]:
+    """:meth:`Service.publish <estafeta.Service.publish>` in the current ``atomic`` block; return the message ids."""
+    return service.publish(connection(using), event, **options)
+
+
+def start_saga(saga: Saga, data: Any, *, using: str = DEFAULT_DB_ALIAS, **options: Any) -> uuid.UUID:
+    """:meth:`Saga.start <estafeta.Saga.start>` in the current ``atomic`` block; return the saga id."""
+    return saga.start(connection(using), data, **options)
+
+
+def append_events(
+    store: EventStore,
+    stream_id: str,
+    events: Sequence[Any],
+    *,
+    expected_version: ExpectedVersion = ANY,
+    stream_type: str | None = None,
+    metadata: EventMetadata | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[RecordedEvent[Any]]:
+    """:meth:`EventStore.append <estafeta.EventStore.append>` in the current ``atomic`` block."""
+    return store.append(
+        connection(using),
+        stream_id,
+        events,
+        expected_version=expected_version,
+        stream_type=stream_type,
+        metadata=metadata,
+    )
+
+
+def run_idempotent(
+    idempotency: Idempotency,
+    request: IdempotentRequest,
+    handler: Callable[[], HttpResponse],
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+) -> HttpResponse:
+    """:meth:`Idempotency.run <estafeta.Idempotency.run>` in Django: ``handler()`` in the record's ``atomic`` block.
+
+    What the handler writes through Django's ORM commits with the key's record; an answer
+    of 400 or more, or an exception, rolls it back (the rules of :class:`estafeta.Idempotency`).
+    The transactions are this function's: call it outside any ``atomic`` block.
+    """
+    if connections[using].in_atomic_block:
+        raise TransactionManagementError(
+            "run_idempotent opens its own atomic blocks: call it outside transaction.atomic()"
+        )
+    blocks: list[Any] = []
+
+    def perform(op: Any) -> Any:
+        if isinstance(op, plan.Statement):
+            return plan.execute(connection(using), op)
+        if isinstance(op, plan.SyncOnly):
+            return op.fn(connection(using))
+        if op is Step.HANDLE:
+            return handler()
+        if op is Step.BEGIN:
+            block = transaction.atomic(using=using)
+            block.__enter__()
+            blocks.append(block)
+        else:
+            if op is Step.ROLLBACK:
+                transaction.set_rollback(True, using=using)
+            blocks.pop().__exit__(None, None, None)
+        return None
+
+    return plan.drive(idempotency.plan_for(request), perform)
