@@ -4,13 +4,13 @@ A scratch database gets the order system's tables and ``--rows`` order sagas mad
 ``generate_series``, a saga a second, skewed as a real table is: most completed, one in
 50 compensated, a few running, one in 400 waiting on ``confirm_order``, none on
 ``reserve_inventory``, and failed ones (one in 500) only in the oldest tenth (an incident
-days ago). Each list the console serves (no
-filter, by status, by step, by status and step, a time range, an error text, and a page
-deep down the list reached by its keyset cursor) is read a page at a time (51 rows, as
-the console asks for), ``--repeat`` times; the median is printed. Then the list indexes
-and statistics (``sql/migrations/_saga/0002_list_indexes.sql``) are dropped and the index of the
-release before (``started_at``) put back, and the same pages are read again. For
-comparison, the deep page is also read with ``OFFSET`` (what the console never does).
+days ago). Each list the console serves (no filter, by status, by step, by status and
+step, a time range, an error text, and a page deep down the list reached by its keyset
+cursor) is read a page at a time (51 rows, as the console asks for), ``--repeat`` times;
+the median is printed. Then the list indexes and statistics
+(``sql/migrations/_saga/0002_list_indexes.sql``) are dropped, the index of the release
+before (``started_at``) put back, and the same pages read again. For comparison, the deep
+page is also read with ``OFFSET`` (what the console never does).
 """
 
 from __future__ import annotations
