@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from estafeta import App, Runtime, Saga
-from estafeta._dead_letters import DeadLetter, cause_of
+from estafeta._dead_letters import DeadLetter, cause_of, groups
 from sql import dead_letters, outbox, sagas
 
 #: Sagas on one page of a list.
@@ -164,16 +164,26 @@ class LetterGroup:
 
 
 def read_letter_group(app: App, runtime: Runtime, service: str, group: str) -> LetterGroup | None:
-    """The letters of ``group`` in ``service`` (``None`` when it has none at all)."""
+    """The letters of ``group`` in ``service`` (``None`` when it has none at all).
+
+    Every parked letter of the group (as ``estafeta dead-letters groups`` counts them), and
+    its history among the newest ``HISTORY`` letters of the service.
+    """
     if service not in app.service_names:
         raise BadFilter(f"service: no service {service!r}")
+    ids = [i for found in groups(runtime, [service]) if found.group == group for i in found.ids]
     with runtime.database(service).connection() as conn:
-        rows = dead_letters.search(conn, service, status=None, limit=HISTORY)
-    letters = [DeadLetter.of(service, row) for row in rows if cause_of(row.consumer, row.reason).group == group]
-    if not letters:
+        parked = dead_letters.get_many(conn, service, ids) if ids else []
+        recent = dead_letters.search(conn, service, status=None, limit=HISTORY)
+    history = [row for row in recent if row.status != "parked" and cause_of(row.consumer, row.reason).group == group]
+    if not parked and not history:
         return None
-    parked = [letter for letter in letters if letter.status == "parked"]
-    return LetterGroup(service, group, parked, [letter for letter in letters if letter.status != "parked"])
+    return LetterGroup(
+        service,
+        group,
+        sorted((DeadLetter.of(service, row) for row in parked), key=lambda letter: letter.id, reverse=True),
+        [DeadLetter.of(service, row) for row in history],
+    )
 
 
 def read_failed_rows(app: App, runtime: Runtime, service: str | None, limit: int) -> list[dict[str, Any]]:

@@ -27,7 +27,6 @@ import attrs
 from markupsafe import Markup
 
 from estafeta import Saga, SagaStep
-from estafeta._saga_model import SagaStuck
 from sql.sagas import LogEntry, SagaRow
 
 WIDTH, HEIGHT, GAP, LEFT = 150, 44, 46, 16
@@ -153,7 +152,7 @@ def position(saga: Saga, row: SagaRow, timeline: Sequence[LogEntry]) -> Position
 def _done(saga: Saga, row: SagaRow) -> list[SagaStep]:
     try:
         return saga.path(row)
-    except SagaStuck:  # a payload that no longer decodes: what the results alone say
+    except Exception:  # a payload that no longer decodes, a choice that raises: the page still shows
         return [s for s in saga.steps if s.action is None or s.name in row.results]
 
 

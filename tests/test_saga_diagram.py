@@ -144,3 +144,10 @@ def test_every_label_is_escaped() -> None:
     drawn = str(saga_diagram.render(saga))
     assert "<script>" not in drawn and "&lt;script&gt;" in drawn
     assert ET.fromstring(drawn) is not None  # still well-formed: attributes escaped too
+
+
+def test_a_saga_whose_choice_raises_is_still_drawn_from_its_recorded_results() -> None:
+    # A payload that no longer decodes (a deploy renamed a field): the path is what the results say.
+    broken = row(LOAN, "running", "disburse", {"approve": {"approved": 800}})
+    where = saga_diagram.position(LOAN, attrs.evolve(broken, payload={"renamed": 1}), [])
+    assert where.path == ["do:approve", "do:disburse"] and where.current == "do:disburse"
