@@ -82,6 +82,7 @@ class Console:
             loader=jinja2.PackageLoader("cli", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
         )
         self.pages.filters["age"] = console_data.age
+        self.pages.filters["deadline"] = console_data.deadline
         self.pages.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
         #: The routes, for ``FastAPI.include_router``.
         self.router = APIRouter(prefix="/console", dependencies=[Depends(self._operator)] if password else [])
