@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import attrs
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
@@ -201,8 +200,7 @@ FILTERS = [
 ]
 
 
-@pytest.mark.parametrize("where", FILTERS, ids=lambda w: ",".join(k for k, v in attrs.asdict(w).items() if v) or "none")
-def test_a_list_page_walks_an_index_never_the_whole_saga_table(conn, runtime: Runtime, where) -> None:
+def test_a_list_page_walks_an_index_never_the_whole_saga_table(conn, runtime: Runtime) -> None:
     # Enough rows, skewed as a real table is (most sagas completed, few failed, few waiting
     # on one step), for the planner to weigh a scan of the table against an index.
     conn.execute(
@@ -217,11 +215,12 @@ def test_a_list_page_walks_an_index_never_the_whole_saga_table(conn, runtime: Ru
         (T0,),
     )
     conn.execute("ANALYZE orders.saga_order")
-    statement = sagas.list_query(ORDER_SAGA.table, where).as_string(conn)
-    plan = "\n".join(
-        str(line[0]) for line in conn.execute(f"EXPLAIN {statement}", sagas.list_params(where, 51)).fetchall()
-    )
-    # No scan of the table: one of the list's indexes (sql/migrations/_saga/0002_list_indexes.sql)
-    # serves the filter (walked newest first, or a few entries of it sorted).
-    assert "Seq Scan" not in plan, plan
-    assert re.search(r"(Index Scan Backward using|Bitmap Index Scan on) saga_order_(status_|step_)?newest", plan), plan
+    for where in FILTERS:
+        statement = sagas.list_query(ORDER_SAGA.table, where).as_string(conn)
+        rows = conn.execute(f"EXPLAIN {statement}", sagas.list_params(where, 51)).fetchall()
+        plan = f"{where}:\n" + "\n".join(str(line[0]) for line in rows)
+        # No scan of the table: one of the list's indexes (sql/migrations/_saga/0002_list_indexes.sql)
+        # serves the filter (walked newest first, or a few entries of it sorted).
+        assert "Seq Scan" not in plan, plan
+        found = re.search(r"(Index Scan Backward using|Bitmap Index Scan on) saga_order_(status_|step_)?newest", plan)
+        assert found, plan
