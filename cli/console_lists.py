@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from estafeta import App, Runtime, Saga
+from estafeta import App, Runtime, Saga, SagaStep
 from estafeta._dead_letters import DeadLetter, cause_of, groups
 from sql import dead_letters, outbox, sagas
 
@@ -81,7 +81,7 @@ def parse_saga_query(app: App, params: Mapping[str, str]) -> SagaQuery:
     if status is not None and status not in STATUSES:
         raise BadFilter(f"status: {status!r} is not one of {', '.join(STATUSES)}")
     step = _text(params, "step")
-    steps = {s.name for saga in ([kinds[kind]] if kind else kinds.values()) for s in saga.steps}
+    steps = {s.name for saga in ([kinds[kind]] if kind else kinds.values()) for s in _steps(saga)}
     if step is not None and step not in steps:
         raise BadFilter(f"step: no step {step!r} in {'the ' + kind + ' saga' if kind else 'any saga kind'}")
     since, until = _time(params, "since"), _time(params, "until")
@@ -89,6 +89,11 @@ def parse_saga_query(app: App, params: Mapping[str, str]) -> SagaQuery:
         raise BadFilter("since: must be before until")
     where = sagas.ListFilter(status, step, since, until, _text(params, "error"), _cursor(params.get("after")))
     return SagaQuery(kind, where)
+
+
+def _steps(saga: Saga) -> list[SagaStep]:
+    """Every step a saga of this kind may stand on: its steps and those after compensation."""
+    return [*saga.steps, *saga.after_compensation]
 
 
 def _text(params: Mapping[str, str], name: str) -> str | None:
@@ -148,7 +153,8 @@ def _kinds(app: App, query: SagaQuery) -> list[Saga]:
     return [
         saga
         for saga in app.sagas
-        if (query.kind is None or saga.name == query.kind) and (step is None or any(s.name == step for s in saga.steps))
+        if (query.kind is None or saga.name == query.kind)
+        and (step is None or any(s.name == step for s in _steps(saga)))
     ]
 
 

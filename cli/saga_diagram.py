@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import itertools
+import urllib.parse
 from collections.abc import Sequence
 
 import attrs
@@ -194,7 +195,7 @@ def render(saga: Saga, where: Position | None = None) -> Markup:
         '<path d="M0,0 L10,5 L0,10 z" fill="#777"/></marker></defs>',
     ]
     parts += [_edge(e, by_id, (e.source, e.target) in taken_hops) for e in edges]
-    parts += [_node(n, n.id in visited, where) for n in diagram.nodes]
+    parts += [_node(n, n.id in visited, where, list_of(saga.name, n.id)) for n in diagram.nodes]
     parts.append("</svg>")
     return Markup("\n".join(parts))
 
@@ -203,7 +204,19 @@ def _e(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _node(node: Node, visited: bool, where: Position | None) -> str:
+def list_of(kind: str, node: str) -> str:
+    """The console's list of the sagas of ``kind`` standing on ``node`` (waiting there, or ended there)."""
+    role, _, name = node.partition(":")
+    if role == "end":
+        query = {"kind": kind, "status": name}
+    elif role == "do":
+        query = {"kind": kind, "step": name}
+    else:  # an undo, or a step after compensation: the saga is compensating (or failed) there
+        query = {"kind": kind, "step": name, "status": "compensating"}
+    return "/console/sagas?" + urllib.parse.urlencode(query)
+
+
+def _node(node: Node, visited: bool, where: Position | None, href: str) -> str:
     classes = ["node", node.kind]
     if visited:
         classes.append("taken")
@@ -215,10 +228,10 @@ def _node(node: Node, visited: bool, where: Position | None) -> str:
         else ""
     )
     return (
-        f'<g class="{" ".join(classes)}" data-node="{_e(node.id)}">'
+        f'<a href="{_e(href)}"><g class="{" ".join(classes)}" data-node="{_e(node.id)}">'
         f'<rect x="{node.x}" y="{node.y}" width="{WIDTH}" height="{HEIGHT}" rx="6"/>{double}'
         f'<text x="{node.x + WIDTH / 2}" y="{node.y + 18}" class="label">{_e(_clip(node.label))}</text>'
-        f'<text x="{node.x + WIDTH / 2}" y="{node.y + 34}" class="note">{_e(node.note)}</text></g>'
+        f'<text x="{node.x + WIDTH / 2}" y="{node.y + 34}" class="note">{_e(node.note)}</text></g></a>'
     )
 
 

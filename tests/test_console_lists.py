@@ -151,6 +151,13 @@ def test_every_saga_count_on_the_overview_links_to_the_list_it_counts(console, c
     assert console.get(f"/console/sagas/{saga_id}").status_code == 200
 
 
+def test_each_node_of_a_kind_diagram_links_to_a_list_the_console_serves(console) -> None:
+    page = console.get("/console/kinds/order").text
+    links = re.findall(r'<a href="(/console/sagas\?[^"]+)"><g class="node', page)
+    assert len(links) == 11
+    assert all(console.get(link.replace("&amp;", "&")).status_code == 200 for link in links)
+
+
 def test_a_dead_letter_count_links_to_its_group_with_bodies_reasons_and_replay_history(console, conn) -> None:
     for n, status in enumerate(["parked", "parked", "replayed"]):
         conn.execute(

@@ -72,7 +72,18 @@ def test_the_order_saga_is_drawn_with_its_steps_undos_and_point_of_no_return() -
         ("undo:place_order", "after:notify_cancellation"),
         ("after:notify_cancellation", "end:compensated"),
     }
-    assert svg.find(f"{SVG}g[@class='node retriable']/{SVG}rect[@class='inner']") is not None  # a double border
+    assert svg.find(f".//{SVG}g[@class='node retriable']/{SVG}rect[@class='inner']") is not None  # a double border
+
+
+def test_each_node_links_to_the_list_of_the_sagas_standing_on_it() -> None:
+    links = {
+        a.find(f"{SVG}g").get("data-node"): a.get("href")  # type: ignore[union-attr]
+        for a in parse(ORDER_SAGA).iter(f"{SVG}a")
+    }
+    assert links["do:charge_payment"] == "/console/sagas?kind=order&step=charge_payment"
+    assert links["undo:place_order"] == "/console/sagas?kind=order&step=place_order&status=compensating"
+    assert links["end:compensated"] == "/console/sagas?kind=order&status=compensated"
+    assert len(links) == 11
 
 
 def test_a_branching_saga_draws_each_declared_branch_and_marks_an_undeclared_choice() -> None:

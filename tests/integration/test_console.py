@@ -316,3 +316,7 @@ def test_a_count_leads_to_its_list_to_the_saga_and_its_diagram_drawn_with_the_pa
         wait_until(lambda: browser.current_url.endswith("/console/kinds/order"), what="the saga kind's page")
         nodes = browser.find_elements(By.CSS_SELECTOR, "#diagram g.node")
         assert len(nodes) == 11 and browser.find_elements(By.CSS_SELECTOR, "#diagram .taken") == []
+        # A step of the diagram leads to the sagas waiting there.
+        click(browser, '#diagram g.node[data-node="do:charge_payment"] rect')
+        wait_until(lambda: "step=charge_payment" in browser.current_url, what="the list of a step")
+        assert saga_id in text(browser, "#saga-list")
