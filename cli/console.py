@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import json
 import logging
 import secrets
 import urllib.parse
@@ -37,7 +38,7 @@ from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
-from . import console_data
+from . import console_data, console_lists, saga_diagram
 
 logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), no scripts at all.
@@ -81,11 +82,17 @@ class Console:
             loader=jinja2.PackageLoader("cli", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
         )
         self.pages.filters["age"] = console_data.age
+        self.pages.filters["deadline"] = console_data.deadline
+        self.pages.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
         #: The routes, for ``FastAPI.include_router``.
         self.router = APIRouter(prefix="/console", dependencies=[Depends(self._operator)] if password else [])
         self.router.add_api_route("", self.overview, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/saga", self.find_saga, methods=["GET"])
+        self.router.add_api_route("/sagas", self.saga_list, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/sagas/{saga_id}", self.saga_page, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/kinds/{name}", self.kind_page, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/dead-letters/{service}/{group}", self.letter_group, methods=["GET"])
+        self.router.add_api_route("/outbox/failed", self.failed_rows, methods=["GET"], response_class=HTMLResponse)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
@@ -128,7 +135,45 @@ class Console:
         found = self._find(saga_id)
         if found is None:
             return self._page("console_missing.html", reason=f"no saga {saga_id}", status=404)
-        return self._page("console_saga.html", saga=found, notice=notice)
+        where = saga_diagram.position(found.saga, found.row, found.timeline)
+        diagram = saga_diagram.render(found.saga, where)
+        return self._page("console_saga.html", saga=found, notice=notice, diagram=diagram)
+
+    def saga_list(self, request: Request) -> HTMLResponse:
+        """Sagas filtered by kind, status, step, start time and error text, newest first, a page at a time."""
+        try:
+            query = console_lists.parse_saga_query(self.app, request.query_params)
+        except console_lists.BadFilter as exc:
+            return self._refuse(str(exc))
+        listed = console_lists.read_saga_list(self.app, self.runtime, query)
+        return self._page("console_sagas.html", listed=listed, statuses=console_lists.STATUSES)
+
+    def kind_page(self, name: str) -> HTMLResponse:
+        """A saga kind's diagram, drawn from its declaration, and its counts by status."""
+        saga = next((saga for saga in self.app.sagas if saga.name == name), None)
+        if saga is None:
+            return self._page("console_missing.html", reason=f"no saga kind {name}", status=404)
+        return self._page("console_kind.html", saga=saga, diagram=saga_diagram.render(saga))
+
+    def letter_group(self, service: str, group: str) -> HTMLResponse:
+        """A dead-letter group: each parked letter's body and reason, and what replays did before."""
+        try:
+            found = console_lists.read_letter_group(self.app, self.runtime, service, group)
+        except console_lists.BadFilter as exc:
+            return self._refuse(str(exc))
+        if found is None:
+            return self._page(
+                "console_missing.html", reason=f"no dead letters in group {group} of {service}", status=404
+            )
+        return self._page("console_letters.html", letters=found)
+
+    def failed_rows(self, service: str = "") -> HTMLResponse:
+        """Failed outbox rows with their message, of one service (``?service=``) or all."""
+        try:
+            rows = console_lists.read_failed_rows(self.app, self.runtime, service or None, console_lists.PAGE * 4)
+        except console_lists.BadFilter as exc:
+            return self._refuse(str(exc))
+        return self._page("console_failed.html", rows=rows, service=service)
 
     def _find(self, saga_id: str) -> console_data.SagaPage | None:
         parsed = _uuid(saga_id)

@@ -116,3 +116,11 @@ def age(value: datetime | float | None) -> str:
     if abs(seconds) < 172_800:
         return f"{seconds / 3600:.1f} h"
     return f"{timedelta(seconds=seconds).days} d"
+
+
+def deadline(value: datetime | None) -> str:
+    """A deadline for people: ``passed 3 min ago``, ``in 25.0 s``, or ``—`` (none: the saga has ended)."""
+    if value is None:
+        return "—"
+    seconds = (datetime.now(UTC) - value).total_seconds()
+    return f"passed {age(seconds)} ago" if seconds >= 0 else f"in {age(-seconds)}"

@@ -157,7 +157,10 @@ class Service:
         migrations, and last the tables of each saga it orchestrates.
         """
         builtin = [migrate.builtin_directory(name) for name in self._builtin]
-        return [*migrate.load([*builtin, *self.migration_dirs]), *(saga.migration() for saga in self._sagas)]
+        return [
+            *migrate.load([*builtin, *self.migration_dirs]),
+            *(m for saga in self._sagas for m in saga.migrations()),
+        ]
 
     @property
     def app(self) -> App:

@@ -183,6 +183,14 @@ class Saga:
             raise ValueError(f"saga {self.name}: steps after compensation run in order, they cannot choose")
         if any(s.then is not None and s.action is None for s in self.steps):
             raise ValueError(f"saga {self.name}: a step without an action cannot choose the next one")
+        names = {s.name for s in self.steps}
+        for step in self.steps:
+            if step.branches and step.then is None:
+                raise ValueError(f"saga {self.name}: step {step.name} declares branches but no then to choose")
+            if unknown := [b for b in step.branches if b is not None and (b not in names or b == step.name)]:
+                raise ValueError(
+                    f"saga {self.name}: step {step.name} may branch to {unknown[0]!r}, not another of its steps"
+                )
         if (lacking := uncompensated(self.steps)) is not None:
             raise ValueError(
                 f"saga {self.name}: step {lacking.name} has no compensation (every step needs one,"
@@ -318,6 +326,12 @@ class Saga:
             self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp, reply=reply)
         else:
             self._move(conn, row, "completed", row.current_step, "completed", None, results=results, reply=reply)
+
+    def path(self, row: SagaRow) -> list[SagaStep]:
+        """The steps the saga of ``row`` has done, in the order it did them (each choice made again
+        from its recorded results, as the engine does); :class:`SagaStuck` if its payload no longer decodes."""
+        branching = any(s.then for s in self.steps)
+        return taken(self.steps, self._state(row) if branching else SagaState(row.saga_id, None, row.results))
 
     def _done_before(self, row: SagaRow, current: SagaStep) -> list[SagaStep]:
         """The steps done before the current one, in order: the path taken (by index when nothing branches)."""
@@ -529,9 +543,9 @@ class Saga:
             )
         self._step_failed(conn, row, f"aborted: {reason}", include_current=True)
 
-    def migration(self) -> Migration:
-        """The migration creating this saga's table and log in its service's schema."""
-        return store.table_migration(self.table, self.key_type)
+    def migrations(self) -> list[Migration]:
+        """The migrations creating this saga's table, its log and their indexes in its service's schema."""
+        return store.table_migrations(self.table, self.key_type)
 
     def get(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> SagaRow | None:
         """The saga's row as it is now (unlocked), if it exists."""

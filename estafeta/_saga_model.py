@@ -91,6 +91,11 @@ class SagaStep:
     #: result is in ``state.results``): a step's name, or ``None`` to complete the saga.
     #: Without it, the next step in the list follows. A step runs at most once per saga.
     then: Callable[[SagaState], str | None] | None = None
+    #: The steps ``then`` may choose, by name (``None`` among them: it may complete the saga).
+    #: Declared, they are drawn in the console's diagram of the saga, and a choice outside
+    #: them fails the saga as a choice of a step it does not have does. Left empty, ``then``
+    #: may choose any step, and the diagram can only say that it chooses.
+    branches: tuple[str | None, ...] = attrs.field(default=(), converter=tuple)
 
 
 def uncompensated(steps: Sequence[SagaStep]) -> SagaStep | None:
@@ -104,6 +109,9 @@ def following(steps: Sequence[SagaStep], step: SagaStep, state: SagaState) -> Sa
         index = steps.index(step)
         return steps[index + 1] if index + 1 < len(steps) else None
     name = step.then(state)
+    if step.branches and name not in step.branches:
+        shown = ", ".join("end" if b is None else b for b in step.branches)
+        raise SagaStuck(f"step {step.name} chose {name!r}, which is not one of its declared branches ({shown})")
     if name is None:
         return None
     chosen = next((s for s in steps if s.name == name), None)

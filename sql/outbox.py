@@ -233,7 +233,7 @@ def retry_failed(conn: psycopg.Connection[Any], schema: str, row_id: int | None 
 def list_failed(
     conn: psycopg.Connection[Any], schema: str, limit: int = 100, row_id: int | None = None
 ) -> list[dict[str, Any]]:
-    """Failed rows (all, or the one with ``row_id``) with their last error, oldest first."""
+    """Failed rows (all, or the one with ``row_id``) with their last error and message, oldest first."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query("list_failed", schema), {"limit": limit, "id": row_id})
         return cur.fetchall()

@@ -191,7 +191,7 @@ WHERE status = 'failed' AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
 RETURNING id
 
 -- list_failed --
-SELECT id, message_id, queue_name, actor_name, ordering_key, attempts, last_error, created_at
+SELECT id, message_id, queue_name, actor_name, ordering_key, attempts, last_error, created_at, message
 FROM {schema}.outbox
 WHERE status = 'failed' AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
 ORDER BY id

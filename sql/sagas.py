@@ -11,7 +11,6 @@ import functools
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from importlib import resources
 from typing import Any
 
 import attrs
@@ -20,7 +19,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from . import plan, queries, retention
+from . import migrate, plan, queries, retention
 from .migrate import Migration
 
 #: Statuses of a saga that is still waiting for a reply.
@@ -95,25 +94,31 @@ class LogEntry:
 KEY_TYPES = {uuid.UUID: "uuid", int: "bigint", str: "text"}
 
 
-def table_migration(table: SagaTable, key_type: str) -> Migration:
-    """The migration creating ``table``'s saga table and log (``CREATE ... IF NOT EXISTS``).
+def table_migrations(table: SagaTable, key_type: str) -> list[Migration]:
+    """The migrations of ``table``'s saga table and log, from ``sql/migrations/_saga/``, in order.
 
-    Its name, ``<table>/0001_tables.sql``, is what ``schema_migrations`` records.
+    Each is recorded in ``schema_migrations`` as ``<table>/<file>`` (``saga_order/0001_tables.sql``).
     """
     if key_type not in KEY_TYPES.values():
         raise ValueError(f"saga key type {key_type!r} is not one of {', '.join(KEY_TYPES.values())}")
-    text = resources.files(__package__).joinpath("saga_tables.sql").read_text(encoding="utf-8")
-    ddl = sql.SQL(text).format(
-        table=sql.Identifier(table.table),
-        log=sql.Identifier(table.log),
-        key=sql.Identifier(table.key),
-        key_type=sql.SQL(key_type),
-        live_index=sql.Identifier(f"{table.table}_live"),
-        key_index=sql.Identifier(f"{table.table}_{table.key}"),
-        started_index=sql.Identifier(f"{table.table}_started_at"),
-        log_index=sql.Identifier(f"{table.log}_saga"),
-    )
-    return Migration(f"{table.table}/0001_tables.sql", ddl.as_string())
+    names = {
+        "table": sql.Identifier(table.table),
+        "log": sql.Identifier(table.log),
+        "key": sql.Identifier(table.key),
+        "key_type": sql.SQL(key_type),
+        "live_index": sql.Identifier(f"{table.table}_live"),
+        "key_index": sql.Identifier(f"{table.table}_{table.key}"),
+        "started_index": sql.Identifier(f"{table.table}_started_at"),
+        "log_index": sql.Identifier(f"{table.log}_saga"),
+        "newest_index": sql.Identifier(f"{table.table}_newest"),
+        "status_index": sql.Identifier(f"{table.table}_status_newest"),
+        "step_index": sql.Identifier(f"{table.table}_step_newest"),
+        "stats": sql.Identifier(f"{table.table}_status_step"),
+    }
+    return [
+        Migration(f"{table.table}/{m.name.partition('/')[2]}", sql.SQL(m.text).format(**names).as_string())
+        for m in migrate.load([migrate.builtin_directory("_saga")])
+    ]
 
 
 def names() -> list[str]:
@@ -426,3 +431,68 @@ def prune_log(
     if dry_run:
         return retention.count(conn, query("count_prunable_log", table), params)
     return retention.delete_in_batches(conn, query("prune_log", table), params)
+
+
+@attrs.frozen
+class ListFilter:
+    """Which sagas a list shows; ``None`` leaves a field out."""
+
+    status: str | None = None
+    #: The step the saga waits on (or stopped at).
+    step: str | None = None
+    #: Started at or after.
+    since: datetime | None = None
+    #: Started before.
+    until: datetime | None = None
+    #: Text found in ``last_error`` (case-insensitive, taken literally: no wildcards).
+    error: str | None = None
+    #: The keyset cursor: only sagas that come after ``(started_at, saga_id)`` newest first.
+    after: tuple[datetime, uuid.UUID] | None = None
+
+
+#: The columns of a saga row, as ``SagaRow`` names them.
+_ROW = sql.SQL(
+    "saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,"
+    " step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version"
+)
+#: Each filter's condition; only the given ones are written into the statement, so that the
+#: planner sees plain equalities and picks the index that serves them (never an
+#: ``(%s IS NULL OR ...)`` it must plan for either case).
+_CONDITIONS = {
+    "status": "status = %(status)s",
+    "step": "current_step = %(step)s",
+    "since": "started_at >= %(since)s",
+    "until": "started_at < %(until)s",
+    "error": "strpos(lower(last_error), lower(%(error)s)) > 0",
+    "after": "(started_at, saga_id) < (%(after_at)s, %(after_id)s)",
+}
+
+
+def list_query(table: SagaTable, where: ListFilter) -> sql.Composed:
+    """The statement of one page of ``where``'s sagas, newest first (its parameters: ``list_params``)."""
+    given = [name for name in _CONDITIONS if getattr(where, name) is not None]
+    conditions = sql.SQL(" AND ").join(sql.SQL(_CONDITIONS[name]) for name in given) if given else sql.SQL("true")
+    return sql.SQL(
+        "SELECT {row} FROM {schema}.{table} WHERE {conditions} ORDER BY started_at DESC, saga_id DESC LIMIT %(limit)s"
+    ).format(
+        row=_ROW.format(key=sql.Identifier(table.key)),
+        schema=sql.Identifier(table.schema),
+        table=sql.Identifier(table.table),
+        conditions=conditions,
+    )
+
+
+def list_params(where: ListFilter, limit: int) -> dict[str, Any]:
+    """The parameters of ``list_query(table, where)``."""
+    params: dict[str, Any] = attrs.asdict(where, recurse=False)
+    after = params.pop("after")
+    if after is not None:
+        params["after_at"], params["after_id"] = after
+    return {**params, "limit": limit}
+
+
+def list_page(conn: psycopg.Connection[Any], table: SagaTable, where: ListFilter, limit: int) -> list[SagaRow]:
+    """Up to ``limit`` sagas matching ``where``, newest first (``started_at``, then ``saga_id``)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(list_query(table, where), list_params(where, limit))
+        return [SagaRow.from_row(row) for row in cur.fetchall()]

@@ -145,7 +145,13 @@ LOAN = Saga(
     data=Loan,
     key="loan_id",
     steps=[
-        SagaStep("approve", action=_do("approve"), compensation=_undo("approve"), then=_after_approval),
+        SagaStep(
+            "approve",
+            action=_do("approve"),
+            compensation=_undo("approve"),
+            then=_after_approval,
+            branches=("disburse", "review"),
+        ),
         SagaStep("review", action=_do("review"), compensation=_undo("review")),
         SagaStep("disburse", action=_do("disburse"), compensation=_undo("disburse")),
     ],

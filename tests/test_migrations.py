@@ -14,7 +14,7 @@ from psycopg import pq, sql
 
 from actors.app import app as order_system
 from estafeta import Runtime, Settings
-from sql import queries, sagas
+from sql import migrate, queries, sagas
 
 from .conftest import all_services
 from .integration.processes import ROOT, service_env
@@ -128,3 +128,24 @@ def test_check_exits_1_while_pending_and_four_migrators_at_once_apply_each_file_
                 query = sql.SQL("SELECT name FROM {}.schema_migrations").format(sql.Identifier(service.name))
                 names = conn.execute(query).fetchall()
                 assert sorted(n for (n,) in names) == sorted(m.name for m in service.migrations())
+
+
+def test_a_saga_table_made_before_the_list_indexes_gets_them_from_its_second_migration() -> None:
+    order = SAGAS["order"]
+    first, second = order.migrations()
+    assert (first.name, second.name) == ("saga_order/0001_tables.sql", "saga_order/0002_list_indexes.sql")
+    with scratch_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        # A database migrated by the release before: the saga table, its first migration only.
+        migrate.apply(conn, "orders", [first])
+        assert migrate.pending(conn, "orders", order.migrations()) == [second.name]
+        assert migrate.apply(conn, "orders", order.migrations()) == [second.name]
+        indexes = {
+            str(name): str(definition)
+            for name, definition in conn.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'orders' AND tablename = 'saga_order'"
+            ).fetchall()
+        }
+    assert indexes["saga_order_newest"].endswith("(started_at, saga_id)")
+    assert indexes["saga_order_status_newest"].endswith("(status, started_at, saga_id)")
+    assert indexes["saga_order_step_newest"].endswith("(current_step, started_at, saga_id)")
+    assert "saga_order_started_at" not in indexes  # the first index serves what it did

@@ -137,3 +137,32 @@ def test_a_malformed_branch_is_refused_when_declared(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         Saga("malformed", service=Service("scratch"), data=dict, key="k", steps=steps, after_compensation=after)
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ([SagaStep("a", _command, branches=("b",)), SagaStep("b", _command)], "step a declares branches but no then"),
+        (
+            [SagaStep("a", _command, then=lambda s: "b", branches=("b", "z")), SagaStep("b", _command)],
+            "step a may branch to 'z', not another of its steps",
+        ),
+    ],
+)
+def test_branches_that_name_no_other_step_are_refused_when_declared(steps: list[SagaStep], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Saga("malformed", service=Service("scratch"), data=dict, key="k", steps=steps)
+
+
+def test_a_choice_outside_the_declared_branches_stops_the_saga_with_the_reason() -> None:
+    from estafeta._saga_model import SagaState, SagaStuck, following
+
+    steps = [
+        SagaStep("a", _command, then=lambda s: s.data["next"], branches=("b", None)),
+        SagaStep("b", _command),
+        SagaStep("c", _command),
+    ]
+    chose = [following(steps, steps[0], SagaState(uuid.uuid4(), {"next": n}, {})) for n in ("b", None)]
+    assert [step.name if step else None for step in chose] == ["b", None]
+    with pytest.raises(SagaStuck, match=r"step a chose 'c', which is not one of its declared branches \(b, end\)"):
+        following(steps, steps[0], SagaState(uuid.uuid4(), {"next": "c"}, {}))

@@ -273,3 +273,50 @@ def test_the_console_on_a_listener_of_its_own_is_not_served_on_the_api_port(
     assert "estafeta console" in on_console.text
     assert orders.status_code == 404
     assert scalar(conn, "SELECT count(*) FROM orders.orders") == 0
+
+
+def test_a_count_leads_to_its_list_to_the_saga_and_its_diagram_drawn_with_the_path_taken(
+    database_url: str, conn, browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    with serving(database_url, tmp_path, "--no-access-log") as server:
+        saga_id = stuck_saga(server, conn)  # running, waiting on charge_payment
+        other = stuck_saga(server, conn)
+        conn.execute(
+            "UPDATE orders.saga_order SET status = 'failed', last_error = 'disk full' WHERE saga_id = %s", (other,)
+        )
+        browser.get(f"{server.url}/console")
+        click(browser, '#sagas a[href="/console/sagas?kind=order&status=running"]')
+        wait_until(lambda: "/console/sagas?" in browser.current_url, what="the list of running order sagas")
+        assert saga_id in text(browser, "#saga-list") and other not in text(browser, "#saga-list")
+
+        # Each filter of the form: the failed one by its error text, none by a step it is not at.
+        browser.get(f"{server.url}/console/sagas")
+        browser.find_element(By.NAME, "error").send_keys("DISK")
+        click(browser, "#filters button")
+        wait_until(lambda: "error=DISK" in browser.current_url, what="the filtered list")
+        assert other in text(browser, "#saga-list") and saga_id not in text(browser, "#saga-list")
+        browser.find_element(By.NAME, "step").send_keys("reserve_inventory")
+        click(browser, "#filters button")
+        wait_until(lambda: "step=reserve_inventory" in browser.current_url, what="the list by step")
+        assert "no saga matches these filters" in text(browser, "#saga-list")
+
+        browser.get(f"{server.url}/console/sagas?status=running")
+        click(browser, f"#saga-{saga_id} a.id")
+        wait_until(lambda: browser.current_url.endswith(f"/console/sagas/{saga_id}"), what="the saga's page")
+        drawing = browser.find_element(By.CSS_SELECTOR, "#diagram svg")
+        assert drawing.size["width"] > 800 and drawing.size["height"] > 250  # laid out and drawn
+        standing = browser.find_element(By.CSS_SELECTOR, 'g.node.current[data-node="do:charge_payment"] rect')
+        assert standing.value_of_css_property("stroke") == "rgb(31, 111, 235)" and standing.size["width"] > 100
+        taken = browser.find_elements(By.CSS_SELECTOR, "#diagram .edge.taken")
+        assert [e.get_attribute("data-to") for e in taken] == ["do:charge_payment"]
+
+        click(browser, 'a[href="/console/kinds/order"]')
+        wait_until(lambda: browser.current_url.endswith("/console/kinds/order"), what="the saga kind's page")
+        nodes = browser.find_elements(By.CSS_SELECTOR, "#diagram g.node")
+        assert len(nodes) == 11 and browser.find_elements(By.CSS_SELECTOR, "#diagram .taken") == []
+        # A step of the diagram leads to the sagas waiting there.
+        click(browser, '#diagram g.node[data-node="do:charge_payment"] rect')
+        wait_until(lambda: "step=charge_payment" in browser.current_url, what="the list of a step")
+        assert saga_id in text(browser, "#saga-list")

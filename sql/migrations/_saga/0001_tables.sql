@@ -1,5 +1,5 @@
 -- The tables of one saga kind, generated for each Saga an app declares (sql/sagas.py:
--- table_migration). Applied with search_path set to the owning service's schema; the
+-- table_migrations, recorded as `<table>/0001_tables.sql`). Applied with search_path set to the owning service's schema; the
 -- table, log, key and index names are bound as identifiers, the key's type as a type name.
 -- IF NOT EXISTS: a database whose tables came from a hand-written migration of the
 -- same shape (the order system's before 0.2) records this one and changes nothing.
