@@ -96,15 +96,21 @@ def wait_replicas(url: str) -> int:
     return int(value)
 
 
-def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
+def broker_from_url(
+    url: str, *, queue_type: str = "classic", delivery_limit: int | None = None, **options: Any
+) -> dramatiq.Broker:
     """A Dramatiq broker for ``url``: ``stub://``, ``amqp://...``, ``redis://...[?namespace=prefix]`` or ``kafka://...``.
 
     RabbitMQ brokers confirm every publish (``confirm_delivery``), so a message the
-    broker did not take raises instead of vanishing. Every broker carries the
+    broker did not take raises instead of vanishing, and declare their queues as
+    ``queue_type`` says (``classic``: Dramatiq's own; ``quorum``: replicated, with
+    ``delivery_limit``; see :mod:`brokers.rabbitmq_queues`). Every broker carries the
     ``CurrentMessage`` middleware, which steps need to read their message id.
     """
     check_url(url)
     scheme = urlsplit(url).scheme
+    if queue_type != "classic" and scheme not in ("amqp", "amqps"):
+        raise ValueError(f"{queue_type} queues are RabbitMQ's: not for {redact_url(url)}")
     broker: dramatiq.Broker
     if scheme == "stub":
         broker = StubBroker(**options)
@@ -114,9 +120,10 @@ def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
 
         broker = KafkaBroker(parse_kafka_url(url), **options)
     elif scheme in ("amqp", "amqps"):
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+        from .rabbitmq_queues import QueueDeclarations, QueueTypedRabbitmqBroker
 
-        broker = RabbitmqBroker(url=url, confirm_delivery=True, **options)
+        declarations = QueueDeclarations(queue_type, delivery_limit, options.pop("max_priority", None))
+        broker = QueueTypedRabbitmqBroker(url=url, confirm_delivery=True, declarations=declarations, **options)
     else:
         from dramatiq.brokers.redis import RedisBroker
 

@@ -49,6 +49,7 @@ _FLOATS: dict[str, tuple[str, float]] = {
 #: Settings with a fixed set of values: variable suffix -> (attribute, allowed values).
 _CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "LOG_FORMAT": ("log_format", ("text", "json")),
+    "RABBITMQ_QUEUE_TYPE": ("rabbitmq_queue_type", ("classic", "quorum")),
 }
 #: Durations (``7d``, ``12h``, ``30m``, ``45s``; a bare number is seconds): variable suffix -> attribute.
 _DURATIONS: dict[str, str] = {
@@ -79,6 +80,10 @@ class Settings:
     #: ``postgres`` (transaction-scoped locks) or one or more comma-separated ``redis://`` URLs
     #: (several make a Redlock quorum).
     lock_url: str = "postgres"
+    #: ``classic`` (Dramatiq's own queues) or ``quorum``: replicated quorum queues, declared by
+    #: the workers and the relay alike, with an ``x-delivery-limit`` of ``max_deliveries``
+    #: (see docs/how-to/quorum-queues.md). RabbitMQ broker URLs only.
+    rabbitmq_queue_type: str = "classic"
     #: Rows the relay claims and publishes per round trip.
     relay_batch_size: int = 500
     #: Seconds between relay polls when no NOTIFY wakes it.
@@ -142,6 +147,13 @@ class Settings:
         return self.service_database_urls.get(service, self.database_url)
 
     @property
+    def broker_options(self) -> dict[str, Any]:
+        """What ``brokers.broker_from_url`` needs beside the URL: the RabbitMQ queue type and delivery limit."""
+        if self.rabbitmq_queue_type == "quorum":
+            return {"queue_type": "quorum", "delivery_limit": self.max_deliveries}
+        return {}
+
+    @property
     def redacted_broker_url(self) -> str:
         """The broker URL without its password."""
         return redact_url(self.broker_url)
@@ -185,6 +197,12 @@ class Settings:
         settings = cls(**values, service_database_urls=overrides)
         if settings.max_backoff_ms < settings.min_backoff_ms:
             raise SettingsError("ESTAFETA_MAX_BACKOFF_MS", "must not be below ESTAFETA_MIN_BACKOFF_MS")
+        if settings.rabbitmq_queue_type != "classic" and not settings.broker_url.startswith(("amqp://", "amqps://")):
+            raise SettingsError(
+                "ESTAFETA_RABBITMQ_QUEUE_TYPE",
+                f"{settings.rabbitmq_queue_type} queues need a RabbitMQ broker (amqp://),"
+                f" not {settings.redacted_broker_url}",
+            )
         if settings.metrics_port is not None and settings.metrics_port > 65535:
             raise SettingsError("ESTAFETA_METRICS_PORT", f"{settings.metrics_port} is not a TCP port (1-65535)")
         if settings.inbox_retention < settings.dead_letter_retention:

@@ -100,3 +100,19 @@ def test_the_console_password_comes_from_a_variable_or_a_file_and_is_never_shown
         with pytest.raises(SettingsError, match=expected) as caught:
             Settings.from_env(environ)
         assert "hunter2" not in str(caught.value)
+
+
+def test_the_rabbitmq_queue_type_sets_the_broker_declarations() -> None:
+    assert Settings.from_env({}).broker_options == {}
+    quorum = Settings.from_env(
+        {"ESTAFETA_BROKER_URL": "amqp://u:secret@rabbit/shop", "ESTAFETA_RABBITMQ_QUEUE_TYPE": "Quorum",
+         "ESTAFETA_MAX_DELIVERIES": "9"}
+    )  # fmt: skip
+    assert quorum.broker_options == {"queue_type": "quorum", "delivery_limit": 9}
+    with pytest.raises(SettingsError) as not_rabbitmq:
+        Settings.from_env({"ESTAFETA_BROKER_URL": "redis://:secret@cache/0", "ESTAFETA_RABBITMQ_QUEUE_TYPE": "quorum"})
+    assert str(not_rabbitmq.value) == (
+        "ESTAFETA_RABBITMQ_QUEUE_TYPE: quorum queues need a RabbitMQ broker (amqp://), not redis://:***@cache/0"
+    )
+    with pytest.raises(SettingsError, match="'mirrored' is not one of classic, quorum"):
+        Settings.from_env({"ESTAFETA_RABBITMQ_QUEUE_TYPE": "mirrored"})
