@@ -73,7 +73,8 @@ class Settings:
     #: A separate database for one service (``ESTAFETA_PAYMENTS_DATABASE_URL``), overriding
     #: ``database_url`` for it.
     service_database_urls: Mapping[str, str] = attrs.field(factory=dict)
-    #: ``stub://``, ``amqp://user:pass@host:5672/vhost``,
+    #: ``stub://``, ``amqp://user:pass@host:5672/vhost`` (a cluster's nodes:
+    #: ``amqp://user:pass@h1:5672,h2:5672,h3:5672/vhost``, tried in order, failed over),
     #: ``redis://host:6379/0[?namespace=prefix][&wait=N]`` (``wait``: replicas that must
     #: acknowledge a batch) or ``kafka://host:9092[,host2:9092][?...]``.
     broker_url: str = "stub://"
