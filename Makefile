@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.es_adapter
 	$(BIN)/python -m bench.observe
 	$(BIN)/python -m bench.http
+	$(BIN)/python -m bench.ha
 
 clean:
 	rm -rf $(VENV) .estafeta build site *.egg-info

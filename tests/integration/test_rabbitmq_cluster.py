@@ -6,19 +6,25 @@ connect to the first that answers and fail over when it goes. Mid-run, the node 
 the ``orders`` queue (every saga's commands and replies pass through it: the busiest) is
 SIGKILLed, and restarted once the sagas made progress without it; then another node's
 app is stopped for 10 s. No order may be lost, nobody charged twice, every saga final,
-money and stock conserved, the outboxes drained.
+money and stock conserved, the outboxes drained. And what the same loss costs on
+classic queues.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
+import dramatiq
+import pika
+import pika.exceptions
 import psycopg
 import pytest
 
 from actors.kill_and_recover import KillAndRecover, Plan
+from brokers import broker_from_url
 
 from ..rabbit_servers import RabbitNode, rabbitmq_cluster
 
@@ -111,3 +117,47 @@ def test_order_sagas_on_quorum_queues_survive_the_leader_killed_and_another_node
     money, stock = report["money"], report["stock"]
     assert money[0] == money[1] and stock[0] == stock[1]
     assert report["reconciled"] is True
+
+
+def _depth(url: str, queue: str) -> int | str:
+    """Messages in ``queue`` (a passive declare), or RabbitMQ's refusal."""
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        try:
+            return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            return f"{exc.reply_code} {exc.reply_text}"
+
+
+def test_a_lost_node_takes_its_classic_queues_messages_and_leaves_quorum_queues_whole() -> None:
+    """What a node loss costs on classic queues: the same confirmed messages, on both queue types.
+
+    A classic queue lives on the node its declaring client is connected to; a quorum queue
+    on all three. With that node SIGKILLed, the classic queue is unavailable; with its disk
+    lost too (its data directory deleted, the node forgotten by the cluster), the classic
+    queue's confirmed messages are gone, and the quorum queue still holds every one.
+    """
+    count = 50
+    with rabbitmq_cluster(3) as nodes:
+        first = nodes[0]
+        hosts = ",".join(node.host for node in nodes)
+        url = f"amqp://guest:guest@{hosts}/%2F"
+        for queue_type, queue in (("classic", "lossy"), ("quorum", "safe")):
+            broker = broker_from_url(url, queue_type=queue_type, delivery_limit=5 if queue_type == "quorum" else None)
+            try:
+                for seq in range(count):  # confirmed one by one (confirm_delivery)
+                    broker.enqueue(dramatiq.Message(queue, f"{queue}.record", (seq,), {}, {}))
+            finally:
+                broker.close()
+        survivor = nodes[1].url()
+        assert (_depth(first.url(), "lossy"), _depth(first.url(), "safe")) == (count, count)
+        first.kill()
+        assert _depth(survivor, "safe") == count
+        unavailable = _depth(survivor, "lossy")
+        assert isinstance(unavailable, str) and unavailable.startswith("404 NOT_FOUND"), unavailable
+        # Its disk lost: the data directory deleted, the node forgotten by the cluster.
+        shutil.rmtree(first.env["RABBITMQ_MNESIA_BASE"])
+        nodes[1].ctl("forget_cluster_node", first.node)
+        lost = _depth(survivor, "lossy")
+        print("classic queue after the node's loss:", lost, "quorum queue:", _depth(survivor, "safe"))
+        assert lost == 0 or str(lost).startswith("404 NOT_FOUND"), lost
+        assert _depth(survivor, "safe") == count
