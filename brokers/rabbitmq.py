@@ -226,6 +226,9 @@ class _Link:
             )
             try:
                 self._run(lambda: self.connection.is_open, self.connect_timeout, "the connection to open")
+                if errors:  # failed over: an operator should know a node is gone
+                    where = f"{parameters.host}:{parameters.port}"
+                    logger.warning("relay: connected to RabbitMQ at %s; not reached: %s", where, "; ".join(errors))
                 return
             except (Unavailable, _Timeout) as exc:
                 errors.append(f"{parameters.host}:{parameters.port}: {exc}")
