@@ -214,7 +214,7 @@ class _Link:
         return self.connection is not None and self.connection.is_open
 
     def _connect(self) -> None:
-        errors = []
+        errors: list[str] = []
         for parameters in self.parameters:
             self.close_reason = None
             self.declared.clear()
