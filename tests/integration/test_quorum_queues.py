@@ -10,6 +10,7 @@ redeclare`` turns classic queues holding messages into quorum queues without los
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import uuid
 from collections import Counter
@@ -20,6 +21,7 @@ from typing import Any
 
 import dramatiq
 import pika
+import psycopg
 import pytest
 from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL, RabbitmqBroker
 
@@ -29,9 +31,14 @@ from brokers.publish import publisher_for, to_message
 from brokers.rabbitmq_queues import QueueDeclarations, QueueMismatch, QueueTypedRabbitmqBroker, check_quorum_arguments
 from brokers.rabbitmq_redeclare import HOLDING_SUFFIX, Action, RedeclareRefused, redeclare_queues
 from examples.welcome import app as welcome_app
+from sql import inbox
 from sql.outbox import OutboxRow
 
+from ..helpers import scalar, wait_until
+from ..probe import SERVICE as probe
 from ..services import rabbitmq_messages, rabbitmq_queues, rabbitmq_vhost
+from ..steps import Crash, Explode
+from . import processes
 from .processes import BIN, ROOT, service_env
 
 pytestmark = pytest.mark.integration
@@ -320,3 +327,52 @@ def test_an_order_system_moved_from_classic_to_quorum_queues_mid_run_loses_no_or
     assert report["orders"] == plan.orders
     assert set(report["sagas"]) <= {"completed", "compensated"}, report["sagas"]
     assert report["reconciled"] is True, report["mismatches"]
+
+
+def _processed(conn: psycopg.Connection[Any], pings: list[uuid.UUID]) -> int:
+    return int(scalar(conn, "SELECT count(*) FROM probe.pings WHERE ping_id = ANY(%s)", pings))
+
+
+def _died_or_done(workers: processes.Process, conn: psycopg.Connection[Any], pings: list[uuid.UUID]) -> bool:
+    return workers.popen.poll() is not None or _processed(conn, pings) == len(pings)
+
+
+def test_a_message_that_kills_its_worker_is_parked_by_the_inbox_not_dead_lettered_by_rabbitmq(
+    vhost: str, database_url: str, runtime, conn, tmp_path: Path
+) -> None:
+    """``x-delivery-limit`` = ``ESTAFETA_MAX_DELIVERIES`` end to end, with real workers SIGKILLed by a message.
+
+    RabbitMQ delivers the killer again to each restarted worker; the inbox counts the
+    deliveries and parks it at the third (``ESTAFETA_MAX_DELIVERIES=2``), with its reason,
+    before RabbitMQ's limit would move it to ``probe.XQ`` where no operator looks.
+    """
+    env = service_env(
+        database_url,
+        vhost,
+        ESTAFETA_APP="tests.app",
+        ESTAFETA_MAX_DELIVERIES="2",
+        ESTAFETA_RABBITMQ_QUEUE_TYPE="quorum",
+    )
+    pings = [uuid.uuid4() for _ in range(10)]
+    with conn.transaction():
+        probe.send(conn, Crash(uuid.uuid4()))
+        for ping in pings:
+            probe.send(conn, Explode(ping, times=0))
+    killed = 0
+    with processes.running(processes.relay(env, tmp_path)):
+        while _processed(conn, pings) < len(pings):
+            assert killed <= 2, "the message was not parked after ESTAFETA_MAX_DELIVERIES"
+            workers = processes.workers(env, tmp_path, module="tests.worker", threads=2)
+            with processes.running(workers):
+                wait_until(
+                    functools.partial(_died_or_done, workers, conn, pings),
+                    timeout=90,
+                    what="a worker killed by its message, or every other message processed",
+                )
+                killed += workers.popen.poll() is not None
+    assert killed == 2
+    assert scalar(conn, "SELECT count(*) FROM probe.pings") == len(pings)  # each once
+    (letter,) = inbox.list_dead_letters(conn, "probe")
+    assert "delivered 3 times without finishing (does it kill its worker?)" in letter["reason"]
+    assert rabbitmq_messages(vhost)["probe.XQ"] == 0
+    assert rabbitmq_queues(vhost)["probe"][1]["x-delivery-limit"] == 2
