@@ -293,6 +293,7 @@ def test_the_redeclare_command_names_each_queue(vhost: str, database_url: str) -
     )
 
 
+@pytest.mark.heavy
 def test_an_order_system_moved_from_classic_to_quorum_queues_mid_run_loses_no_order(
     vhost: str, database_url: str, runtime, tmp_path: Path
 ) -> None:
