@@ -6,6 +6,8 @@ In one run, on a scratch PostgreSQL database and RabbitMQ nodes of the benchmark
 - order sagas placed at once, on one node with classic queues, then on three clustered
   nodes with quorum queues (``ESTAFETA_RABBITMQ_QUEUE_TYPE=quorum``, the URL naming the
   three): sagas per second and latency from placing to the end, p50 and p99;
+- commit-to-publish latency through ``estafeta relay`` (bench/relay_latency.py), one outbox
+  row a transaction at ``--rate`` a second, p50 and p99, on each;
 - failover, ``--failovers`` times: the node leading the ``orders`` queue SIGKILLed with
   the workers and the relay idle, one order placed at once, and the time from the kill to
   its first committed step (the order's ``orders.place`` in the inbox, by the database's
@@ -35,6 +37,8 @@ from estafeta import Runtime
 from tests.rabbit_servers import RabbitNode, private_rabbitmq_node, rabbitmq_cluster
 
 from .common import describe, machine, scratch_database
+from .relay_latency import latency
+from .relay_setup import Services
 from .sagas import _migrate, _wipe, measure_sagas, process_harness
 
 #: Every step's inbox: the first commit after the kill is in one of them.
@@ -93,27 +97,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement."""
     results: dict[str, Any] = {"machine": machine()}
     with scratch_database(args.database_url, _migrate) as dsn:
-        with private_rabbitmq_node() as node, process_harness(dsn, node.url(), 1, args.threads) as runtime:
-            results["one node, classic queues"] = _measure(runtime, dsn, args.sagas)
+        with private_rabbitmq_node() as node:
+            with process_harness(dsn, node.url(), 1, args.threads) as runtime:
+                results["one node, classic queues"] = _measure(runtime, dsn, args.sagas)
+            results["one node, classic queues"]["publish"] = latency(
+                Services(dsn, node.url(), ""), "rabbitmq", args.rate, args.seconds
+            )
         with rabbitmq_cluster(3) as nodes:
             url = "amqp://guest:guest@" + ",".join(n.host for n in nodes) + "/%2F"
             quorum = {"ESTAFETA_RABBITMQ_QUEUE_TYPE": "quorum"}
-            with process_harness(dsn, url, 1, args.threads, **quorum) as runtime:
+            with process_harness(dsn, url, 1, args.threads, settings=quorum) as runtime:
                 results["three nodes, quorum queues"] = _measure(runtime, dsn, args.sagas)
                 times = [failover(runtime, nodes) for _ in range(args.failovers)]
                 results["failover_seconds"] = times
+            results["three nodes, quorum queues"]["publish"] = latency(
+                Services(dsn, url, ""), "rabbitmq", args.rate, args.seconds, **quorum
+            )
     return results
 
 
 def table(results: dict[str, Any]) -> str:
     """The figures, side by side."""
     lines = [f"machine: {describe(results['machine'])}", ""]
-    lines.append(f"{'':28} {'sagas':>6} {'sagas/s':>8} {'p50 s':>7} {'p99 s':>7}")
+    lines.append(f"{'':28} {'sagas':>6} {'sagas/s':>8} {'p50 s':>7} {'p99 s':>7}   commit-to-publish p50, p99 ms")
     for name in ("one node, classic queues", "three nodes, quorum queues"):
         found = results[name]
+        publish = found["publish"]
         lines.append(
             f"{name:28} {found['sagas']:>6} {found['sagas_per_second']:>8.1f}"
             f" {found['latency_p50']:>7.2f} {found['latency_p99']:>7.2f}"
+            f"   {publish['p50_ms']:>8.1f} {publish['p99_ms']:>8.1f}"
         )
     times = results["failover_seconds"]
     lines.append("")
@@ -134,6 +147,8 @@ def parser() -> argparse.ArgumentParser:
     found.add_argument("--sagas", type=int, default=300, help="Sagas placed at once on each setup.")
     found.add_argument("--threads", type=int, default=8, help="Worker threads (one worker process).")
     found.add_argument("--failovers", type=int, default=5, help="Node kills to time.")
+    found.add_argument("--rate", type=float, default=50.0, help="Outbox rows a second for the publish latency.")
+    found.add_argument("--seconds", type=float, default=10.0, help="How long the publish latency is measured.")
     found.add_argument("--json", action="store_true", help="Print the results as JSON.")
     return found
 

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -99,7 +99,7 @@ def stub_harness(dsn: str) -> Iterator[Runtime]:
 
 @contextlib.contextmanager
 def process_harness(
-    dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 2, **settings: str
+    dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 2, settings: Mapping[str, str] = {}
 ) -> Iterator[Runtime]:
     """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes.
 
