@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.observe
 	$(BIN)/python -m bench.http
 	$(BIN)/python -m bench.console
+	$(BIN)/python -m bench.ha
 
 clean:
 	rm -rf $(VENV) .estafeta build site *.egg-info

@@ -176,28 +176,41 @@ class KillAndRecover:
 
     def run(self) -> dict[str, Any]:
         """The whole run; the report."""
+        self.prepare()
+        started = time.monotonic()
+        self.start()
+        try:
+            self._place_and_survive()
+        finally:
+            self.stop()
+        return self.report(time.monotonic() - started)
+
+    def prepare(self) -> None:
+        """Migrate, and seed this run's accounts and stock."""
         plan, prefix = self.plan, self.prefix
         self.estafeta("migrate")
         self.estafeta(
             "seed", "--prefix", prefix, "--customers", str(plan.customers), "--balance", str(plan.balance()),
             "--skus", str(plan.skus), "--stock", str(plan.stock()),
         )  # fmt: skip
-        started = time.monotonic()
-        self.start()
-        try:
-            self._place_and_survive()
-        finally:
-            for child in (self.workers, self.relay):
-                if child is not None:
-                    child.stop()
-        return self.report(time.monotonic() - started)
 
-    def _place_and_survive(self) -> None:
+    def place(self) -> None:
+        """Place the plan's orders (``estafeta orders place --count``)."""
         plan, prefix = self.plan, self.prefix
         place = ["orders", "place", "--quantity", "1", "--amount", str(plan.amount), "--count", str(plan.orders)]
         place += [a for i in range(1, plan.customers + 1) for a in ("--customer", f"{prefix}c{i}")]
         place += [a for i in range(1, plan.skus + 1) for a in ("--sku", f"{prefix}sku{i}")]
         self.estafeta(*place)
+
+    def stop(self) -> None:
+        """Stop the workers and the relay (SIGTERM, then SIGKILL)."""
+        for child in (self.workers, self.relay):
+            if child is not None:
+                child.stop()
+
+    def _place_and_survive(self) -> None:
+        plan = self.plan
+        self.place()
         if plan.kill:
             self._kill_twice()
         self.wait_for("every saga", lambda: self.ended() >= plan.orders, plan.timeout)

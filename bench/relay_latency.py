@@ -21,7 +21,8 @@ import pika
 import psycopg
 import redis
 
-from brokers import broker_from_url, split_namespace
+from brokers import amqp_urls, broker_from_url, split_namespace
+from estafeta import Settings
 from sql import outbox as store
 
 from .relay_kafka import consume_arrivals
@@ -50,7 +51,7 @@ def _write_at(dsn: str, queue: str, rate: float, seconds: float, committed: dict
 
 
 def _rabbitmq_consumer(url: str, queue: str, received: dict[str, float], stop: threading.Event) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = pika.BlockingConnection([pika.URLParameters(one) for one in amqp_urls(url)])
     channel = connection.channel()
 
     def on_message(_ch: Any, _method: Any, _props: Any, body: bytes) -> None:
@@ -78,11 +79,15 @@ def _redis_consumer(url: str, queue: str, received: dict[str, float], stop: thre
     client.close()
 
 
-def latency(services: Services, broker: str, rate: float, seconds: float) -> dict[str, float]:
-    """p50, p99 and max commit-to-delivery latency (ms) at ``rate`` events per second."""
+def latency(services: Services, broker: str, rate: float, seconds: float, **settings: str) -> dict[str, float]:
+    """p50, p99 and max commit-to-delivery latency (ms) at ``rate`` events per second.
+
+    ``settings``: more ``ESTAFETA_*`` variables for the relay (``ESTAFETA_RABBITMQ_QUEUE_TYPE``).
+    """
     url = services.url(broker)
     queue = f"bench_latency_{broker}_{int(rate)}"
-    declaring = broker_from_url(url)
+    env = services.env(url, **settings)
+    declaring = broker_from_url(url, **Settings.from_env(env).broker_options)
     if broker == "rabbitmq":
         declaring.declare_queue(queue, ensure=True)  # type: ignore[call-arg]
     consume: Callable[..., None] = {
@@ -94,7 +99,7 @@ def latency(services: Services, broker: str, rate: float, seconds: float) -> dic
     received: dict[str, float] = {}
     stop = threading.Event()
     consumer = threading.Thread(target=consume, args=(url, queue, received, stop), daemon=True)
-    with relays(services.env(url)), psycopg.connect(services.dsn, autocommit=True) as conn:
+    with relays(env), psycopg.connect(services.dsn, autocommit=True) as conn:
         warm_up(conn, queue)
         consumer.start()
         _write_at(services.dsn, queue, rate, seconds, committed)

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -98,10 +98,16 @@ def stub_harness(dsn: str) -> Iterator[Runtime]:
 
 
 @contextlib.contextmanager
-def process_harness(dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 2) -> Iterator[Runtime]:
-    """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes."""
+def process_harness(
+    dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 2, settings: Mapping[str, str] = {}
+) -> Iterator[Runtime]:
+    """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes.
+
+    ``settings``: more ``ESTAFETA_*`` variables for them.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
     env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=broker_url, ESTAFETA_RELAY_POLL_INTERVAL="0.05")
+    env.update(settings)
     env["PYTHONPATH"] = str(ROOT)
     argv = [str(BIN / "dramatiq"), "actors", "--processes", str(processes), "--threads", str(threads)]
     children = [

@@ -37,13 +37,31 @@ def _is_secret(name: str) -> bool:
     return "password" in name or "secret" in name
 
 
+def amqp_urls(url: str) -> list[str]:
+    """One URL per host of an ``amqp://`` URL naming several: ``amqp://u:p@h1:5673,h2:5674/vhost``.
+
+    Each keeps the credentials, vhost and query; a host without a port gets the scheme's
+    default. The workers and the relay connect to the first that answers, in this order,
+    and fail over to the next when their connection is lost.
+    """
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return [url]
+    return [urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host.strip()}")) for host in hosts.split(",")]
+
+
 def check_url(url: str) -> None:
     """Raise ``ValueError`` with a reason if ``url`` is not a broker URL estafeta can use."""
     try:
         parts = urlsplit(url)
-        port = parts.port if parts.scheme != "kafka" else None  # raises for a non-numeric port
+        hosts = [urlsplit(one) for one in amqp_urls(url)] if parts.scheme in ("amqp", "amqps") else [parts]
+        if parts.scheme != "kafka":
+            ports = [host.port for host in hosts]  # raises for a non-numeric port
     except ValueError as exc:
         raise ValueError(f"not a URL ({exc})") from None
+    if parts.scheme != "kafka" and len(ports) > 1 and not all(host.hostname for host in hosts):
+        raise ValueError(f"a host is empty in {redact_url(url)}")
     if parts.scheme not in SCHEMES:
         expected = ", ".join(f"{s}://" for s in SCHEMES)
         raise ValueError(f"unknown scheme {parts.scheme!r} in {redact_url(url)} (expected {expected})")
@@ -56,7 +74,6 @@ def check_url(url: str) -> None:
         return
     if parts.scheme != "stub" and not parts.hostname:
         raise ValueError(f"no host in {redact_url(url)}")
-    del port
     wait_replicas(url)
 
 
@@ -96,15 +113,24 @@ def wait_replicas(url: str) -> int:
     return int(value)
 
 
-def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
+def broker_from_url(
+    url: str, *, queue_type: str = "classic", delivery_limit: int | None = None, **options: Any
+) -> dramatiq.Broker:
     """A Dramatiq broker for ``url``: ``stub://``, ``amqp://...``, ``redis://...[?namespace=prefix]`` or ``kafka://...``.
 
+    An ``amqp://`` URL may name the nodes of a cluster: ``amqp://u:p@h1:5672,h2:5672/vhost``
+    (:func:`amqp_urls`).
+
     RabbitMQ brokers confirm every publish (``confirm_delivery``), so a message the
-    broker did not take raises instead of vanishing. Every broker carries the
+    broker did not take raises instead of vanishing, and declare their queues as
+    ``queue_type`` says (``classic``: Dramatiq's own; ``quorum``: replicated, with
+    ``delivery_limit``; see :mod:`brokers.rabbitmq_queues`). Every broker carries the
     ``CurrentMessage`` middleware, which steps need to read their message id.
     """
     check_url(url)
     scheme = urlsplit(url).scheme
+    if queue_type != "classic" and scheme not in ("amqp", "amqps"):
+        raise ValueError(f"{queue_type} queues are RabbitMQ's: not for {redact_url(url)}")
     broker: dramatiq.Broker
     if scheme == "stub":
         broker = StubBroker(**options)
@@ -114,9 +140,13 @@ def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
 
         broker = KafkaBroker(parse_kafka_url(url), **options)
     elif scheme in ("amqp", "amqps"):
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+        from .rabbitmq_queues import QueueDeclarations, QueueTypedRabbitmqBroker
 
-        broker = RabbitmqBroker(url=url, confirm_delivery=True, **options)
+        declarations = QueueDeclarations(queue_type, delivery_limit, options.pop("max_priority", None))
+        # Several hosts: pika tries them in order, on every (re)connection.
+        broker = QueueTypedRabbitmqBroker(
+            url=amqp_urls(url), confirm_delivery=True, declarations=declarations, **options
+        )
     else:
         from dramatiq.brokers.redis import RedisBroker
 

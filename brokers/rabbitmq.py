@@ -6,9 +6,9 @@ batch on a confirm-mode channel, then waits for the acks and nacks. The bytes an
 queues are Dramatiq's own: the message body is ``Message.encode()``, the properties are
 those ``enqueue`` sets (persistent, ``broker_priority``) plus the message id (which
 matches a returned message to its row without reading its body; workers ignore it),
-and each queue is declared with
-its ``.DQ`` and ``.XQ`` exactly as ``RabbitmqBroker`` declares them, so unmodified
-``dramatiq`` workers consume what it publishes.
+and each queue is declared with its ``.DQ`` and ``.XQ`` exactly as the workers' broker
+declares them (:mod:`brokers.rabbitmq_queues`: Dramatiq's classic queues, or quorum
+queues), so ``dramatiq`` workers consume what it publishes.
 
 pika's ``SelectConnection`` is the API with asynchronous confirms; its I/O loop is run
 here, in the caller's thread, only until what the caller waits for has happened.
@@ -26,34 +26,17 @@ from typing import Any
 import pika
 import pika.exceptions
 import pika.spec
-from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL, RabbitmqBroker
-from dramatiq.common import dq_name, xq_name
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from sql.outbox import OutboxRow
 
 from .batches import PublishOutcome, after_refusals, describe, encode, encode_each
+from .rabbitmq_queues import QueueDeclarations, quorum_priority_refusal
 
 logger = logging.getLogger(__name__)
 
 #: The name the relay's connections carry in RabbitMQ's management tools.
 CONNECTION_NAME = "estafeta-relay"
-
-
-def queue_declarations(queue_name: str, max_priority: int | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """The queues Dramatiq declares for ``queue_name``, with their arguments.
-
-    The queue and its delay queue dead-letter into ``<queue>.XQ``, which keeps dead
-    messages for ``DEAD_MESSAGE_TTL``; ``max_priority`` as the broker's. Declaring a
-    queue with other arguments than Dramatiq's would make its workers fail to start.
-    """
-    arguments: dict[str, Any] = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": xq_name(queue_name)}
-    if max_priority:
-        arguments["x-max-priority"] = max_priority
-    return [
-        (queue_name, arguments),
-        (dq_name(queue_name), dict(arguments)),
-        (xq_name(queue_name), {"x-message-ttl": DEAD_MESSAGE_TTL}),
-    ]
 
 
 class Unavailable(Exception):
@@ -77,13 +60,14 @@ class RabbitmqPublisher:
         self,
         parameters: Sequence[pika.ConnectionParameters],
         *,
-        max_priority: int | None = None,
+        declarations: QueueDeclarations | None = None,
         confirm_timeout: float = 15.0,
         connect_timeout: float = 10.0,
         idle_reconnect: float = 25.0,
     ) -> None:
         self.parameters = [_named(p) for p in parameters]
-        self.max_priority = max_priority
+        #: How queues are declared: the workers' broker's own, so both declare identically.
+        self.declarations = declarations or QueueDeclarations()
         self.confirm_timeout = confirm_timeout
         self.connect_timeout = connect_timeout
         #: A connection idle this long is replaced before use: nobody answered the
@@ -95,7 +79,8 @@ class RabbitmqPublisher:
     def for_broker(cls, broker: RabbitmqBroker, **options: Any) -> RabbitmqPublisher:
         """A publisher to the server(s) ``broker`` connects to, declaring queues as it does."""
         parameters = broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]
-        return cls(parameters, max_priority=broker.max_priority, **options)
+        declarations = getattr(broker, "declarations", None) or QueueDeclarations(max_priority=broker.max_priority)
+        return cls(parameters, declarations=declarations, **options)
 
     def publish(self, rows: Sequence[OutboxRow]) -> PublishOutcome:
         """Publish ``rows`` in order on one channel; report what RabbitMQ confirmed."""
@@ -107,6 +92,8 @@ class RabbitmqPublisher:
         except Unavailable as exc:
             return PublishOutcome(broker_error=str(exc))
         encoded, failed = encode_each(rows, encode)
+        if self.declarations.quorum:
+            failed.update(_with_priority(rows))
         failed.update({row.id: refused[row.queue_name] for row, _ in encoded if row.queue_name in refused})
         sendable = {row.id for row in after_refusals(rows, failed)}
         batch = _Batch([(row, body) for row, body in encoded if row.id in sendable])
@@ -124,17 +111,31 @@ class RabbitmqPublisher:
         for queue_name in queue_names:
             if queue_name in self._link.declared:
                 continue
-            reason = self._link.declare(queue_declarations(queue_name, self.max_priority))
-            if reason is None:
+            declarations = self.declarations.of(queue_name)
+            refusal = self._link.declare(declarations)
+            if refusal is None:
                 self._link.declared.add(queue_name)
             else:
-                refused[queue_name] = f"RabbitMQ refused to declare queue {queue_name!r}: {reason}"
+                name, code, reason = refusal
+                if code == 406:  # PRECONDITION_FAILED: declared elsewhere with other arguments
+                    refused[queue_name] = self.declarations.mismatch(name, reason)
+                else:
+                    refused[queue_name] = f"RabbitMQ refused to declare queue {name!r}: {reason}"
                 logger.warning("relay: %s", refused[queue_name])
         return refused
 
     def close(self) -> None:
         """Close the connection (politely, if the broker still answers)."""
         self._link.close()
+
+
+def _with_priority(rows: Sequence[OutboxRow]) -> dict[int, str]:
+    # A quorum queue (RabbitMQ 3.x) ignores a message's priority: refuse it instead.
+    return {
+        row.id: f"outbox row {row.id} {quorum_priority_refusal(row.queue_name)}"
+        for row in rows
+        if row.message.get("options", {}).get("broker_priority") is not None
+    }
 
 
 def _named(parameters: pika.ConnectionParameters) -> pika.ConnectionParameters:
@@ -188,6 +189,7 @@ class _Link:
         self.declared: set[str] = set()
         self.close_reason: str | None = None
         self.channel_close_reason: str | None = None
+        self.channel_close_error: BaseException | None = None
         self.last_used = 0.0
         self._next_tag = 0
         self._confirming = False
@@ -212,7 +214,7 @@ class _Link:
         return self.connection is not None and self.connection.is_open
 
     def _connect(self) -> None:
-        errors = []
+        errors: list[str] = []
         for parameters in self.parameters:
             self.close_reason = None
             self.declared.clear()
@@ -224,6 +226,9 @@ class _Link:
             )
             try:
                 self._run(lambda: self.connection.is_open, self.connect_timeout, "the connection to open")
+                if errors:  # failed over: an operator should know a node is gone
+                    where = f"{parameters.host}:{parameters.port}"
+                    logger.warning("relay: connected to RabbitMQ at %s; not reached: %s", where, "; ".join(errors))
                 return
             except (Unavailable, _Timeout) as exc:
                 errors.append(f"{parameters.host}:{parameters.port}: {exc}")
@@ -233,6 +238,7 @@ class _Link:
     def _open_channel(self) -> None:
         self.channel = None
         self.channel_close_reason = None
+        self.channel_close_error = None
         self._next_tag = 0
         self.connection.channel(on_open_callback=self._on_channel_open)
         try:
@@ -258,8 +264,8 @@ class _Link:
 
     # -- declaring and publishing ----------------------------------------------
 
-    def declare(self, declarations: list[tuple[str, dict[str, Any]]]) -> str | None:
-        """Declare the queues; return why RabbitMQ refused, or ``None``."""
+    def declare(self, declarations: list[tuple[str, dict[str, Any]]]) -> tuple[str, int, str] | None:
+        """Declare the queues; ``None``, or the queue RabbitMQ refused, its reply code and text."""
         done: list[str] = []
         channel = self.channel
 
@@ -276,9 +282,12 @@ class _Link:
             raise Unavailable(str(exc)) from None
         if len(done) == len(declarations):
             return None
-        reason = self.channel_close_reason or "channel closed"
+        # RabbitMQ answers in order and closes the channel at the first refusal.
+        refused = declarations[len(done)][0]
+        code = getattr(self.channel_close_error, "reply_code", 0)
+        text = getattr(self.channel_close_error, "reply_text", None) or self.channel_close_reason or "channel closed"
         self._open_channel()  # the refusal closed the channel; the connection is fine
-        return reason
+        return refused, code, text
 
     def publish(self, batch: _Batch, timeout: float) -> None:
         """Send ``batch`` and wait until every row is acked or nacked (or the channel closes)."""
@@ -376,6 +385,7 @@ class _Link:
     def _on_channel_closed(self, channel: Any, reason: BaseException) -> None:
         if channel is self.channel or self.channel is None:
             self.channel_close_reason = describe(reason)
+            self.channel_close_error = reason
         self._connection_ioloop_stop()
 
     def _on_confirm(self, frame: Any) -> None:

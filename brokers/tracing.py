@@ -44,9 +44,12 @@ def enabled() -> bool:
 
 
 def messaging_system(broker: object) -> str:
-    """The ``messaging.system`` attribute for a Dramatiq broker: ``rabbitmq``, ``redis``..."""
-    name = type(broker).__name__
-    return _SYSTEMS.get(name) or name.lower().removesuffix("broker") or "dramatiq"
+    """The ``messaging.system`` attribute for a Dramatiq broker: ``rabbitmq``, ``redis``...
+
+    A subclass of a known broker (estafeta's own RabbitMQ broker) is what it extends.
+    """
+    known = next((_SYSTEMS[cls.__name__] for cls in type(broker).__mro__ if cls.__name__ in _SYSTEMS), None)
+    return known or type(broker).__name__.lower().removesuffix("broker") or "dramatiq"
 
 
 def span_context(options: Mapping[str, Any]) -> SpanContext | None:

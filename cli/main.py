@@ -55,9 +55,23 @@ def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> Non
 
 
 def _register() -> None:
-    from . import dead_letters, demo, migrate, orders, outbox, ping, projections, prune, relay, sagas, seed, serve
+    from . import (
+        dead_letters,
+        demo,
+        migrate,
+        orders,
+        outbox,
+        ping,
+        projections,
+        prune,
+        queues,
+        relay,
+        sagas,
+        seed,
+        serve,
+    )
 
-    modules = (migrate, outbox, ping, relay, seed, orders, sagas, projections, demo, prune, dead_letters, serve)
+    modules = (migrate, outbox, ping, relay, seed, orders, sagas, projections, demo, prune, dead_letters, serve, queues)
     for module in modules:
         for command in module.COMMANDS:
             cli.add_command(command)

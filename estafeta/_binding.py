@@ -53,7 +53,7 @@ def bind_app(
     """Declare ``app``'s steps on ``broker`` (built from the runtime's settings if ``None``)."""
     runtime = runtime or Runtime(Settings.from_env())
     if broker is None:
-        broker = broker_from_url(runtime.settings.broker_url)
+        broker = broker_from_url(runtime.settings.broker_url, **runtime.settings.broker_options)
         if isinstance(broker, StubBroker):
             broker.add_middleware(RefuseStubBroker())
         # Only the `dramatiq` command's worker processes emit process_boot: these act there.

@@ -50,6 +50,7 @@ _FLOATS: dict[str, tuple[str, float]] = {
 #: Settings with a fixed set of values: variable suffix -> (attribute, allowed values).
 _CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "LOG_FORMAT": ("log_format", ("text", "json")),
+    "RABBITMQ_QUEUE_TYPE": ("rabbitmq_queue_type", ("classic", "quorum")),
 }
 #: Durations (``7d``, ``12h``, ``30m``, ``45s``; a bare number is seconds): variable suffix -> attribute.
 _DURATIONS: dict[str, str] = {
@@ -73,13 +74,18 @@ class Settings:
     #: A separate database for one service (``ESTAFETA_PAYMENTS_DATABASE_URL``), overriding
     #: ``database_url`` for it.
     service_database_urls: Mapping[str, str] = attrs.field(factory=dict)
-    #: ``stub://``, ``amqp://user:pass@host:5672/vhost``,
+    #: ``stub://``, ``amqp://user:pass@host:5672/vhost`` (a cluster's nodes:
+    #: ``amqp://user:pass@h1:5672,h2:5672,h3:5672/vhost``, tried in order, failed over),
     #: ``redis://host:6379/0[?namespace=prefix][&wait=N]`` (``wait``: replicas that must
     #: acknowledge a batch) or ``kafka://host:9092[,host2:9092][?...]``.
     broker_url: str = "stub://"
     #: ``postgres`` (transaction-scoped locks) or one or more comma-separated ``redis://`` URLs
     #: (several make a Redlock quorum).
     lock_url: str = "postgres"
+    #: ``classic`` (Dramatiq's own queues) or ``quorum``: replicated quorum queues, declared by
+    #: the workers and the relay alike, with an ``x-delivery-limit`` of ``max_deliveries``
+    #: (see docs/how-to/quorum-queues.md). RabbitMQ broker URLs only.
+    rabbitmq_queue_type: str = "classic"
     #: Rows the relay claims and publishes per round trip.
     relay_batch_size: int = 500
     #: Seconds between relay polls when no NOTIFY wakes it.
@@ -148,6 +154,13 @@ class Settings:
         return self.service_database_urls.get(service, self.database_url)
 
     @property
+    def broker_options(self) -> dict[str, Any]:
+        """What ``brokers.broker_from_url`` needs beside the URL: the RabbitMQ queue type and delivery limit."""
+        if self.rabbitmq_queue_type == "quorum":
+            return {"queue_type": "quorum", "delivery_limit": self.max_deliveries}
+        return {}
+
+    @property
     def redacted_broker_url(self) -> str:
         """The broker URL without its password."""
         return redact_url(self.broker_url)
@@ -191,6 +204,12 @@ class Settings:
         settings = cls(**values, service_database_urls=overrides)
         if settings.max_backoff_ms < settings.min_backoff_ms:
             raise SettingsError("ESTAFETA_MAX_BACKOFF_MS", "must not be below ESTAFETA_MIN_BACKOFF_MS")
+        if settings.rabbitmq_queue_type != "classic" and not settings.broker_url.startswith(("amqp://", "amqps://")):
+            raise SettingsError(
+                "ESTAFETA_RABBITMQ_QUEUE_TYPE",
+                f"{settings.rabbitmq_queue_type} queues need a RabbitMQ broker (amqp://),"
+                f" not {settings.redacted_broker_url}",
+            )
         if settings.metrics_port is not None and settings.metrics_port > 65535:
             raise SettingsError("ESTAFETA_METRICS_PORT", f"{settings.metrics_port} is not a TCP port (1-65535)")
         if settings.inbox_retention < settings.dead_letter_retention:

@@ -8,6 +8,7 @@ reason, except when ``CI`` is set: then it is a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -15,7 +16,8 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -75,11 +77,11 @@ def require_redis() -> str:
 
 
 @contextmanager
-def rabbitmq_vhost() -> Iterator[str]:
+def rabbitmq_vhost(name: str = RUN_ID) -> Iterator[str]:
     """An AMQP URL on a vhost of this run's own (deleted afterwards), or the shared one.
 
     A private vhost needs ``rabbitmqctl`` on this machine; without it the run uses
-    ``TEST_AMQP_URL`` as it is.
+    ``TEST_AMQP_URL`` as it is. ``name``: another vhost (a test that needs its own).
     """
     url = require_rabbitmq()
     ctl = shutil.which("rabbitmqctl")
@@ -87,13 +89,50 @@ def rabbitmq_vhost() -> Iterator[str]:
         yield url
         return
     user = urlsplit(url).username or "guest"
-    _ctl(ctl, "add_vhost", RUN_ID)
+    _ctl(ctl, "add_vhost", name)
     try:
-        _ctl(ctl, "set_permissions", "-p", RUN_ID, user, ".*", ".*", ".*")
+        _ctl(ctl, "set_permissions", "-p", name, user, ".*", ".*", ".*")
         parts = urlsplit(url)
-        yield urlunsplit(parts._replace(path="/" + RUN_ID))
+        yield urlunsplit(parts._replace(path="/" + name))
     finally:
-        _ctl(ctl, "delete_vhost", RUN_ID)
+        _ctl(ctl, "delete_vhost", name)
+
+
+def rabbitmq_queues(url: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every queue of ``url``'s vhost as the server holds it: name -> (type, arguments).
+
+    AMQP has no way to read a queue's arguments back: this asks ``rabbitmqctl`` (skips,
+    or fails under CI, without it).
+    """
+    return {
+        queue["name"]: (queue["type"], {name: value for name, _type, value in queue["arguments"]})
+        for queue in _list_queues(url, "name", "type", "arguments")
+    }
+
+
+def rabbitmq_messages(url: str) -> dict[str, int]:
+    """The messages ready in each queue of ``url``'s vhost, now.
+
+    A passive declare per queue: ``rabbitmqctl``'s counts of a quorum queue lag by seconds.
+    """
+    import pika
+
+    names = [queue["name"] for queue in _list_queues(url, "name")]
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        channel = connection.channel()
+        return {name: int(channel.queue_declare(name, passive=True).method.message_count) for name in names}
+
+
+def _list_queues(url: str, *columns: str) -> list[dict[str, Any]]:
+    ctl = shutil.which("rabbitmqctl")
+    require("rabbitmqctl", ctl is not None, "not on PATH (needed to read queue arguments)")
+    assert ctl is not None
+    vhost = unquote(urlsplit(url).path[1:]) or "/"
+    listed = subprocess.run(
+        [ctl, "-q", "--formatter", "json", "list_queues", "-p", vhost, *columns],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return list(json.loads(listed.stdout or "[]"))
 
 
 def _ctl(ctl: str, *args: str) -> None:

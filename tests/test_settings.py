@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from brokers import redact_url
+from brokers import amqp_urls, redact_url
 from estafeta import Settings, SettingsError
 from sql.pool import describe_dsn
 
@@ -138,3 +138,35 @@ def test_a_multi_host_dsn_may_take_target_session_attrs_from_libpqs_environment(
         Settings.from_env({"ESTAFETA_DATABASE_URL": dsn})
     monkeypatch.setenv("PGTARGETSESSIONATTRS", "read-write")  # libpq reads it where the DSN says nothing
     assert Settings.from_env({"ESTAFETA_DATABASE_URL": dsn}).database_url == dsn
+
+
+def test_the_rabbitmq_queue_type_sets_the_broker_declarations() -> None:
+    assert Settings.from_env({}).broker_options == {}
+    quorum = Settings.from_env(
+        {"ESTAFETA_BROKER_URL": "amqp://u:secret@rabbit/shop", "ESTAFETA_RABBITMQ_QUEUE_TYPE": "Quorum",
+         "ESTAFETA_MAX_DELIVERIES": "9"}
+    )  # fmt: skip
+    assert quorum.broker_options == {"queue_type": "quorum", "delivery_limit": 9}
+    with pytest.raises(SettingsError) as not_rabbitmq:
+        Settings.from_env({"ESTAFETA_BROKER_URL": "redis://:secret@cache/0", "ESTAFETA_RABBITMQ_QUEUE_TYPE": "quorum"})
+    assert str(not_rabbitmq.value) == (
+        "ESTAFETA_RABBITMQ_QUEUE_TYPE: quorum queues need a RabbitMQ broker (amqp://), not redis://:***@cache/0"
+    )
+    with pytest.raises(SettingsError, match="'mirrored' is not one of classic, quorum"):
+        Settings.from_env({"ESTAFETA_RABBITMQ_QUEUE_TYPE": "mirrored"})
+
+
+def test_a_rabbitmq_url_may_name_several_hosts() -> None:
+    assert amqp_urls("amqp://u:secret@h1:5673,h2:5674,h3/shop?heartbeat=5") == [
+        "amqp://u:secret@h1:5673/shop?heartbeat=5",
+        "amqp://u:secret@h2:5674/shop?heartbeat=5",
+        "amqp://u:secret@h3/shop?heartbeat=5",
+    ]
+    assert Settings.from_env({"ESTAFETA_BROKER_URL": "amqp://u:p@h1:5673,h2:5674/shop"}).broker_url
+    for bad, why in (
+        ("amqp://u:secret@h1:5673,,h2/shop", "a host is empty in amqp://u:***@h1:5673,,h2/shop"),
+        ("amqp://u:secret@h1:5673,h2:x/shop", "not a URL (Port could not be cast to integer value as 'x')"),
+    ):
+        with pytest.raises(SettingsError) as raised:
+            Settings.from_env({"ESTAFETA_BROKER_URL": bad})
+        assert str(raised.value) == f"ESTAFETA_BROKER_URL: {why}"

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import socket
-import subprocess
-import tempfile
-import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import dramatiq
@@ -18,15 +12,18 @@ import psycopg
 
 from brokers import broker_from_url
 
-from ..services import require
+from ..rabbit_servers import free_port, private_rabbitmq_node
 
-RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = [
+    "blackhole",
+    "consume_all",
+    "free_port",
+    "private_rabbitmq",
+    "read_queue",
+    "relay_waits_to_delete",
+    "unlocked_rows",
+    "with_port",
+]
 
 
 @contextlib.contextmanager
@@ -50,40 +47,12 @@ def with_port(url: str, port: int) -> str:
 @contextlib.contextmanager
 def private_rabbitmq() -> Iterator[tuple[str, Callable[..., None]]]:
     """A RabbitMQ node of this test's own (never the shared one): its URL and its ``rabbitmqctl``."""
-    server, ctl = RABBITMQ_BIN / "rabbitmq-server", RABBITMQ_BIN / "rabbitmqctl"
-    require("RabbitMQ (a private node)", server.exists() and ctl.exists(), f"no {server}")
-    home = Path(tempfile.mkdtemp(prefix="estafeta-rabbit-"))
-    port, dist_port = free_port(), free_port()
-    node = f"estafeta-{uuid.uuid4().hex[:8]}@localhost"
-    (home / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n")
-    (home / "enabled_plugins").write_text("[].\n")
-    (home / "env.conf").write_text("")
-    env = {
-        **os.environ,
-        "HOME": str(home),  # its own Erlang cookie
-        "RABBITMQ_NODENAME": node,
-        "RABBITMQ_NODE_PORT": str(port),
-        "RABBITMQ_DIST_PORT": str(dist_port),
-        "RABBITMQ_MNESIA_BASE": str(home / "mnesia"),
-        "RABBITMQ_LOG_BASE": str(home / "log"),
-        "RABBITMQ_CONFIG_FILE": str(home / "rabbitmq.conf"),
-        "RABBITMQ_CONF_ENV_FILE": str(home / "env.conf"),
-        "RABBITMQ_ENABLED_PLUGINS_FILE": str(home / "enabled_plugins"),
-        "RABBITMQ_PID_FILE": str(home / "pid"),
-        "ERL_EPMD_ADDRESS": "127.0.0.1",
-    }
+    with private_rabbitmq_node() as node:
 
-    def rabbitmqctl(*args: str) -> None:
-        subprocess.run([str(ctl), "-q", "-n", node, *args], env=env, check=True, capture_output=True, timeout=120)
+        def rabbitmqctl(*args: str) -> None:
+            node.ctl(*args)
 
-    subprocess.run([str(server), "-detached"], env=env, check=True, capture_output=True, timeout=60)
-    try:
-        rabbitmqctl("wait", str(home / "pid"), "--timeout", "90")
-        yield f"amqp://guest:guest@127.0.0.1:{port}/%2F", rabbitmqctl
-    finally:
-        with contextlib.suppress(subprocess.SubprocessError):
-            rabbitmqctl("stop")
-        shutil.rmtree(home, ignore_errors=True)
+        yield node.url(), rabbitmqctl
 
 
 def read_queue(broker_url: str, queue: str, timeout_ms: int = 2000) -> list[dramatiq.Message[Any]]:

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import dramatiq
 import pika
@@ -118,6 +119,32 @@ def test_rabbitmq_unreachable_leaves_rows_pending_without_blame() -> None:
     assert outcome.confirmed == [] and outcome.failed == {}
     assert "cannot connect to RabbitMQ" in (outcome.broker_error or "")
     publisher.close()
+
+
+def test_a_url_naming_several_rabbitmq_hosts_reaches_the_first_that_answers(
+    amqp_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``amqp://u:p@dead:port,live:port/vhost``: the workers' broker and the relay skip the dead host."""
+    parts = urlsplit(amqp_url)
+    dead = closed_port()
+    url = urlunsplit(parts._replace(netloc=f"guest:guest@127.0.0.1:{dead},{parts.hostname}:{parts.port}"))
+    queue = f"severalhosts-{uuid.uuid4().hex[:6]}"
+    broker = broker_from_url(url)
+    publisher = publisher_for(broker)
+    try:
+        assert isinstance(publisher, RabbitmqPublisher) and len(publisher.parameters) == 2
+        broker.enqueue(to_message(row(1, queue=queue)))  # Dramatiq's own connection
+        assert publisher.publish([row(2, queue=queue)]).confirmed == [2]  # the relay's
+        # The relay says it failed over, and from where.
+        warnings = [r.getMessage() for r in caplog.records if r.name == "brokers.rabbitmq"]
+        assert any(
+            f"connected to RabbitMQ at {parts.hostname}:{parts.port}; not reached: 127.0.0.1:{dead}:" in w
+            for w in warnings
+        ), warnings
+        assert [m.args[0]["seq"] for m in consume_all(broker, queue)] == [1, 2]
+    finally:
+        publisher.close()
+        broker.close()
 
 
 def test_redis_batch_is_what_dramatiq_would_have_enqueued(redis_broker) -> None:

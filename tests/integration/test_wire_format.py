@@ -17,22 +17,24 @@ from typing import Any
 import pika
 import pytest
 import redis
+from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL
 
 from brokers import broker_from_url, split_namespace
 from brokers.publish import publisher_for, to_message
 from sql.outbox import OutboxRow
+from tests.services import rabbitmq_queues
 
 pytestmark = pytest.mark.integration
 
 QUEUE = "wirecheck"
 
 
-def _row(seq: int, **options: Any) -> OutboxRow:
+def _row(seq: int, queue: str = QUEUE, **options: Any) -> OutboxRow:
     return OutboxRow(
         id=seq,
         message_id=uuid.uuid4(),
-        queue_name=QUEUE,
-        actor_name=f"{QUEUE}.record",
+        queue_name=queue,
+        actor_name=f"{queue}.record",
         message={
             "args": [{"seq": seq, "text": "é ☃"}],
             "kwargs": {},
@@ -45,9 +47,9 @@ def _row(seq: int, **options: Any) -> OutboxRow:
     )
 
 
-def _rabbitmq_get(url: str) -> tuple[bytes, dict[str, Any]]:
+def _rabbitmq_get(url: str, queue: str = QUEUE) -> tuple[bytes, dict[str, Any]]:
     with pika.BlockingConnection(pika.URLParameters(url)) as conn:
-        method, properties, body = conn.channel().basic_get(QUEUE, auto_ack=True)
+        method, properties, body = conn.channel().basic_get(queue, auto_ack=True)
     assert method is not None, "no message in the queue"
     return body, {k: v for k, v in vars(properties).items() if v is not None}
 
@@ -69,6 +71,53 @@ def test_rabbitmq_bytes_and_properties_are_dramatiqs_own(amqp_url: str) -> None:
     finally:
         publisher.close()
         broker.flush_all()
+        broker.close()
+
+
+def test_rabbitmq_bytes_and_properties_on_quorum_queues_are_dramatiqs_own(amqp_url: str) -> None:
+    queue = f"{QUEUE}-quorum"
+    broker = broker_from_url(amqp_url, queue_type="quorum", delivery_limit=25)
+    publisher = publisher_for(broker)
+    try:
+        broker.declare_queue(queue, ensure=True)
+        row = _row(1, queue)
+        broker.enqueue(to_message(row))  # Dramatiq's own path, on the quorum queue
+        theirs = _rabbitmq_get(amqp_url, queue)
+        assert publisher.publish([row]).confirmed == [row.id]
+        body, properties = _rabbitmq_get(amqp_url, queue)
+        assert properties.pop("message_id") == str(row.message_id)
+        assert (body, properties) == theirs
+        assert theirs[1]["headers"] == {"x-delivery-count": 0}  # a quorum queue's delivery, read raw
+    finally:
+        publisher.close()
+        broker.close()
+
+
+def test_workers_and_relay_declare_the_same_quorum_queues(amqp_url: str) -> None:
+    """Either side may declare a queue first; the other's declaration is identical (no PRECONDITION_FAILED)."""
+    first_by_workers, first_by_relay = f"{QUEUE}-q-workers", f"{QUEUE}-q-relay"
+    broker = broker_from_url(amqp_url, queue_type="quorum", delivery_limit=7)
+    publisher = publisher_for(broker)
+    try:
+        broker.declare_queue(first_by_workers, ensure=True)
+        rows = [_row(1, first_by_relay), _row(2, first_by_workers)]
+        outcome = publisher.publish(rows)
+        assert (outcome.confirmed, outcome.failed) == ([1, 2], {})
+        broker.declare_queue(first_by_relay, ensure=True)  # after the relay: no mismatch either
+        on_server = rabbitmq_queues(amqp_url)
+        for queue in (first_by_workers, first_by_relay):
+            dead = {"x-queue-type": "quorum", "x-message-ttl": DEAD_MESSAGE_TTL}
+            live = {
+                "x-queue-type": "quorum",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": f"{queue}.XQ",
+                "x-delivery-limit": 7,
+            }
+            assert on_server[queue] == ("quorum", live)
+            assert on_server[f"{queue}.DQ"] == ("quorum", live)
+            assert on_server[f"{queue}.XQ"] == ("quorum", dead)
+    finally:
+        publisher.close()
         broker.close()
 
 
