@@ -10,7 +10,7 @@ import pytest
 
 from brokers.relay import Relay
 from estafeta import Clock, Runtime
-from sql import inbox, queries
+from sql import idempotency, inbox, queries
 from sql import outbox as store
 
 from .conftest import make_relay
@@ -88,3 +88,15 @@ def test_retention_counts_age_on_the_clock(conn, clock: Clock) -> None:
     inbox.record(conn, SCHEMA, "pingpong.ping", uuid.uuid4())  # recorded at the clock's time: young
     assert inbox.prune(conn, SCHEMA, timedelta(days=7)) == 1
     assert scalar(conn, "SELECT count(*) FROM pingpong.inbox") == 1
+
+
+def test_an_idempotency_record_expires_on_the_clock(conn, runtime: Runtime) -> None:
+    clock = Clock(runtime, ["orders"])
+    request = {"client": "c", "key": "k", "fingerprint": "f", "method": "POST", "target": "/orders"}
+    response = {"status": 201, "headers": [], "body": b"{}"}
+    assert idempotency.store(conn, "orders", **request, **response, ttl=timedelta(hours=24))
+    assert idempotency.claim(conn, "orders", client="c", key="k", lock_name="c/k")[0] is not None
+    assert idempotency.prune(conn, "orders", 100) == 0
+    clock.advance(timedelta(hours=25))
+    assert idempotency.claim(conn, "orders", client="c", key="k", lock_name="c/k") == (None, True)
+    assert idempotency.prune(conn, "orders", 100) == 1
