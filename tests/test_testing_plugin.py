@@ -7,9 +7,14 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
+from actors import pingpong
+from estafeta.testing import AppUnderTest, VirtualClock
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "booking" / "test_timeouts.py"
@@ -64,3 +69,19 @@ def test_without_an_app_under_test_the_plugin_says_how_to_name_one(project: Path
     (project / "pytest.ini").write_text("[pytest]\nestafeta_app = examples.nowhere:app\n")
     ran = _run_pytest(project, project.parent / "site")
     assert "estafeta_app = 'examples.nowhere:app': cannot import 'examples.nowhere'" in ran.stdout + ran.stderr
+
+
+def test_a_delayed_send_is_published_by_the_clock_move_that_makes_it_due(
+    estafeta_app: AppUnderTest, clock: VirtualClock
+) -> None:
+    with estafeta_app.runtime.database("pingpong").transaction() as tx:
+        pingpong.SERVICE.send(tx, pingpong.Ping(uuid.uuid4(), datetime.now(UTC)), delay=timedelta(hours=1))
+    assert estafeta_app.sent_to("pingpong") == []
+    assert clock.advance(timedelta(minutes=59)).published == 0
+    assert clock.advance(timedelta(minutes=2)).published == 1
+    assert [m.actor_name for m in estafeta_app.sent_to("pingpong")] == ["pingpong.ping"]
+    # The ping's step runs and sends its pong, which is held back on its queue.
+    assert estafeta_app.run_until_idle(hold={"pingpong.pong"}) == [("pingpong.ping", "ok")]
+    assert [m.actor_name for m in estafeta_app.sent_to("pingpong")] == ["pingpong.pong"]
+    assert estafeta_app.run_until_idle() == [("pingpong.pong", "ok")]
+    assert estafeta_app.sent_to("pingpong") == []
