@@ -65,8 +65,8 @@ def _imports(path: Path) -> list[str]:
     return found
 
 
-#: Modules under estafeta that apps may import: the eventsourcing library's persistence module.
-PUBLIC_SUBMODULES = {"estafeta.eventsourcing"}
+#: Modules under estafeta that apps may import: the eventsourcing library's persistence module, the pytest plugin.
+PUBLIC_SUBMODULES = {"estafeta.eventsourcing", "estafeta.testing"}
 
 
 @pytest.mark.parametrize("package", ["actors", "examples"])
