@@ -7,14 +7,17 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from dramatiq.brokers.stub import StubBroker
 
+from actors import pingpong
 from brokers.relay import Relay
-from estafeta import Clock, Runtime
+from estafeta import Clock, Runtime, running
 from sql import idempotency, inbox, queries
 from sql import outbox as store
 
+from .app import app as tests_app
 from .conftest import make_relay
-from .helpers import scalar
+from .helpers import scalar, wait_until
 from .relay_support import QUEUE, SCHEMA, add, arrivals, check_order, drain_stub
 
 
@@ -100,3 +103,18 @@ def test_an_idempotency_record_expires_on_the_clock(conn, runtime: Runtime) -> N
     clock.advance(timedelta(hours=25))
     assert idempotency.claim(conn, "orders", client="c", key="k", lock_name="c/k") == (None, True)
     assert idempotency.prune(conn, "orders", 100) == 1
+
+
+def test_a_running_relay_and_worker_follow_the_clock(runtime: Runtime, conn) -> None:
+    """Not only the passes a test runs: every process reading the database sees the moved time."""
+    binding = tests_app.bind(StubBroker(), runtime)
+    with running(binding, poll_interval=0.1):
+        with conn.transaction():
+            pingpong.SERVICE.send(
+                conn, pingpong.Ping(ping_id := uuid.uuid4(), datetime.now(UTC)), delay=timedelta(days=1)
+            )
+        Clock(runtime, ["pingpong"]).advance(timedelta(days=1, seconds=1))
+        wait_until(
+            lambda: scalar(conn, "SELECT pongs FROM pingpong.pings WHERE ping_id = %s", ping_id) == 1,
+            what="the delayed ping, answered",
+        )
