@@ -47,9 +47,10 @@ class Clock:
         """Move every service's time forward by ``by``; return the new time."""
         if by < timedelta(0):
             raise ValueError(f"clock.advance({by!r}): time only moves forward; use clock.set() to go back")
-        when = self.now() + by
-        self.set(when)
-        return when
+        for service in self.services:
+            with self.runtime.database(service).transaction() as conn:
+                schema_clock.advance(conn, service, by)
+        return self.now()
 
     def reset(self) -> None:
         """Give every service PostgreSQL's own time back."""

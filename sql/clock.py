@@ -7,7 +7,7 @@ Production never writes that table, so its time is PostgreSQL's; a test moves it
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -26,6 +26,11 @@ def now(conn: psycopg.Connection[Any], schema: str) -> datetime:
 def move_to(conn: psycopg.Connection[Any], schema: str, at: datetime) -> None:
     """Make ``schema``'s time read ``at`` now, and run on from there with PostgreSQL's."""
     conn.execute(query("move_clock", schema), {"at": at})
+
+
+def advance(conn: psycopg.Connection[Any], schema: str, by: timedelta) -> None:
+    """Move ``schema``'s time forward by ``by``."""
+    conn.execute(query("advance_clock", schema), {"by": by})
 
 
 def reset(conn: psycopg.Connection[Any], schema: str) -> None:

@@ -423,5 +423,10 @@ SELECT {schema}.clock_now()
 INSERT INTO {schema}.clock (skew) VALUES (%(at)s::timestamptz - now())
 ON CONFLICT (only_row) DO UPDATE SET skew = EXCLUDED.skew
 
+-- advance_clock --
+-- Move the schema's time forward by %(by)s, exactly (whatever time passed since it was read).
+INSERT INTO {schema}.clock AS c (skew) VALUES (%(by)s::interval)
+ON CONFLICT (only_row) DO UPDATE SET skew = c.skew + EXCLUDED.skew
+
 -- reset_clock --
 DELETE FROM {schema}.clock

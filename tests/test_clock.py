@@ -56,6 +56,9 @@ def test_set_and_advance_move_the_schema_s_time(conn, clock: Clock) -> None:
     assert moved >= datetime(2030, 1, 3, tzinfo=UTC)
     clock.reset()
     assert scalar(conn, "SELECT pingpong.clock_now() = now()") is True
+    clock.advance(timedelta(hours=1))
+    clock.advance(timedelta(minutes=30))
+    assert scalar(conn, "SELECT skew FROM pingpong.clock") == timedelta(hours=1, minutes=30)  # exactly
     with pytest.raises(ValueError, match="timezone-aware"):
         clock.set(datetime(2030, 1, 1))
     with pytest.raises(ValueError, match="only moves forward"):
