@@ -35,6 +35,7 @@ from sql.errors import (
 from ._aggregates import Aggregate, Repository, StreamNotFound, applies
 from ._app import App, Service, load_app
 from ._binding import Binding
+from ._clock import Clock
 from ._errors import BusinessFailure, InvalidMessage, RoutingError, SettingsError
 from ._event_types import EventDecodeError, EventRegistry, EventRegistryError
 from ._events import ANY, NO_STREAM, ConcurrencyConflict, EventMetadata, EventStore, RecordedEvent, StreamAppend
@@ -77,6 +78,7 @@ __all__ = [
     "App",
     "Binding",
     "BusinessFailure",
+    "Clock",
     "ConcurrencyConflict",
     "DatabaseError",
     "DatabaseUnavailable",

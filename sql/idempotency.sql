@@ -14,7 +14,7 @@ SELECT k.fingerprint, k.status, k.headers, k.body,
             ELSE true END AS locked
 FROM (VALUES (1)) AS one
 LEFT JOIN {schema}.idempotency_keys AS k
-       ON k.client = %(client)s AND k.key = %(key)s AND k.expires_at > now()
+       ON k.client = %(client)s AND k.key = %(key)s AND k.expires_at > {schema}.clock_now()
 
 -- store_key --
 -- An expired record of the same key is replaced; an unexpired one is never overwritten
@@ -23,7 +23,7 @@ INSERT INTO {schema}.idempotency_keys
     (client, key, fingerprint, method, target, status, headers, body, expires_at)
 VALUES
     (%(client)s, %(key)s, %(fingerprint)s, %(method)s, %(target)s, %(status)s, %(headers)s, %(body)s,
-     now() + %(ttl)s::interval)
+     {schema}.clock_now() + %(ttl)s::interval)
 ON CONFLICT (client, key) DO UPDATE
     SET fingerprint = EXCLUDED.fingerprint,
         method = EXCLUDED.method,
@@ -31,9 +31,9 @@ ON CONFLICT (client, key) DO UPDATE
         status = EXCLUDED.status,
         headers = EXCLUDED.headers,
         body = EXCLUDED.body,
-        created_at = now(),
+        created_at = {schema}.clock_now(),
         expires_at = EXCLUDED.expires_at
-    WHERE idempotency_keys.expires_at <= now()
+    WHERE idempotency_keys.expires_at <= {schema}.clock_now()
 
 -- prune_keys --
 -- One batch of expired records (in no particular order: every one of them goes); rows
@@ -41,6 +41,6 @@ ON CONFLICT (client, key) DO UPDATE
 DELETE FROM {schema}.idempotency_keys
 WHERE (client, key) IN (
     SELECT client, key FROM {schema}.idempotency_keys
-    WHERE expires_at <= now()
+    WHERE expires_at <= {schema}.clock_now()
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED)

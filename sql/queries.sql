@@ -8,7 +8,7 @@ WITH inserted AS (
         (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at, message_type)
     VALUES
         (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
-         now() + %(delay)s::interval, %(message_type)s)
+         {schema}.clock_now() + %(delay)s::interval, %(message_type)s)
     RETURNING id
 )
 SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
@@ -31,7 +31,7 @@ SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
 SELECT o.id, o.message_id, o.queue_name, o.actor_name, o.message, o.ordering_key, o.saga_id, o.created_at,
        o.attempts, extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_seconds
 FROM (SELECT id FROM {schema}.outbox
-      WHERE status = 'pending' AND available_at <= now()
+      WHERE status = 'pending' AND available_at <= {schema}.clock_now()
       ORDER BY id
       LIMIT %(window)s) AS due
 JOIN {schema}.outbox AS o ON o.id = due.id
@@ -40,11 +40,11 @@ LEFT JOIN LATERAL (
     WHERE first.ordering_key IS NOT NULL
       AND (first.ordering_key, first.id) >= (o.ordering_key, 0)
       AND (first.ordering_key, first.id) <= (o.ordering_key, 9223372036854775807)
-      AND NOT (first.status = 'pending' AND first.attempts = 0 AND first.available_at > now())
+      AND NOT (first.status = 'pending' AND first.attempts = 0 AND first.available_at > {schema}.clock_now())
     ORDER BY first.ordering_key, first.id
     LIMIT 1) AS first ON true
 WHERE o.status = 'pending'
-  AND o.available_at <= now()
+  AND o.available_at <= {schema}.clock_now()
   AND (o.ordering_key IS NULL OR o.id = first.id)
 ORDER BY o.id
 LIMIT %(limit)s
@@ -68,17 +68,17 @@ CROSS JOIN LATERAL (
             coalesce((SELECT b.id FROM {schema}.outbox AS b
                       WHERE b.ordering_key = k.ordering_key
                         AND (b.attempts > 0 OR b.status = 'failed')
-                        AND (b.status = 'failed' OR b.available_at > now())
+                        AND (b.status = 'failed' OR b.available_at > {schema}.clock_now())
                       ORDER BY b.ordering_key, b.id
                       LIMIT 1), 9223372036854775807))
       AND f.id <> ALL(%(heads)s::bigint[])
       AND f.status = 'pending'
-      AND f.available_at <= now()
+      AND f.available_at <= {schema}.clock_now()
     ORDER BY f.ordering_key, f.id
     LIMIT %(limit)s) AS follower
 JOIN {schema}.outbox AS o ON o.id = follower.id
 WHERE o.status = 'pending'
-  AND o.available_at <= now()
+  AND o.available_at <= {schema}.clock_now()
 ORDER BY o.id
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED
@@ -110,13 +110,13 @@ WITH RECURSIVE keys (ordering_key) AS (
         WHERE h.ordering_key IS NOT NULL
           AND (h.ordering_key, h.id) >= (keys.ordering_key, 0)
           AND (h.ordering_key, h.id) <= (keys.ordering_key, 9223372036854775807)
-          AND NOT (h.status = 'pending' AND h.attempts = 0 AND h.available_at > now())
+          AND NOT (h.status = 'pending' AND h.attempts = 0 AND h.available_at > {schema}.clock_now())
         ORDER BY h.ordering_key, h.id
         LIMIT 1) AS head
-    WHERE head.status = 'pending' AND head.available_at <= now()
+    WHERE head.status = 'pending' AND head.available_at <= {schema}.clock_now()
     UNION ALL
     (SELECT id FROM {schema}.outbox
-     WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= now()
+     WHERE status = 'pending' AND ordering_key IS NULL AND available_at <= {schema}.clock_now()
        AND id <> ALL(%(claimed)s::bigint[])
      ORDER BY id
      LIMIT %(limit)s)
@@ -126,7 +126,7 @@ SELECT o.id, o.message_id, o.queue_name, o.actor_name, o.message, o.ordering_key
 FROM candidates
 JOIN {schema}.outbox AS o ON o.id = candidates.id
 WHERE o.status = 'pending'
-  AND o.available_at <= now()
+  AND o.available_at <= {schema}.clock_now()
   AND o.id <> ALL(%(claimed)s::bigint[])
 ORDER BY o.id
 LIMIT %(limit)s
@@ -136,7 +136,7 @@ FOR UPDATE OF o SKIP LOCKED
 -- Whether at least %(window)s rows are due: claim_heads saw only part of them.
 SELECT count(*) >= %(window)s
 FROM (SELECT 1 FROM {schema}.outbox
-      WHERE status = 'pending' AND available_at <= now()
+      WHERE status = 'pending' AND available_at <= {schema}.clock_now()
       ORDER BY id
       LIMIT %(window)s) AS due
 
@@ -158,7 +158,7 @@ WITH claimed (id, ordering_key) AS (
           AND (older.ordering_key, older.id) >= (k.ordering_key, 0)
           AND (older.ordering_key, older.id) < (k.ordering_key, k.last)
           AND older.id <> ALL(%(batch)s::bigint[])
-          AND NOT (older.status = 'pending' AND older.attempts = 0 AND older.available_at > now())
+          AND NOT (older.status = 'pending' AND older.attempts = 0 AND older.available_at > {schema}.clock_now())
         ORDER BY older.ordering_key, older.id
         LIMIT 1) AS gap
 )
@@ -175,18 +175,18 @@ UPDATE {schema}.outbox
 SET attempts = attempts + 1,
     last_error = %(error)s,
     status = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,
-    available_at = now() + %(backoff)s::interval
+    available_at = {schema}.clock_now() + %(backoff)s::interval
 WHERE id = ANY(%(ids)s::bigint[])
 
 -- next_due --
 -- Seconds until the next pending row that is not due yet becomes due (NULL: none).
-SELECT extract(epoch FROM min(available_at) - now())::float8
+SELECT extract(epoch FROM min(available_at) - {schema}.clock_now())::float8
 FROM {schema}.outbox
-WHERE status = 'pending' AND available_at > now()
+WHERE status = 'pending' AND available_at > {schema}.clock_now()
 
 -- retry_failed --
 UPDATE {schema}.outbox
-SET status = 'pending', attempts = 0, available_at = now()
+SET status = 'pending', attempts = 0, available_at = {schema}.clock_now()
 WHERE status = 'failed' AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
 RETURNING id
 
@@ -203,10 +203,10 @@ LIMIT %(limit)s
 SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'failed') AS failed,
        count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
-       count(*) FILTER (WHERE status = 'pending' AND attempts = 0 AND available_at > now()) AS delayed,
+       count(*) FILTER (WHERE status = 'pending' AND attempts = 0 AND available_at > {schema}.clock_now()) AS delayed,
        count(DISTINCT ordering_key) FILTER (WHERE status = 'failed') AS blocked_keys,
-       coalesce(extract(epoch FROM now() - min(CASE WHEN attempts = 0 THEN available_at ELSE created_at END)
-                FILTER (WHERE status = 'pending' AND (attempts > 0 OR available_at <= now()))), 0)::float8
+       coalesce(extract(epoch FROM {schema}.clock_now() - min(CASE WHEN attempts = 0 THEN available_at ELSE created_at END)
+                FILTER (WHERE status = 'pending' AND (attempts > 0 OR available_at <= {schema}.clock_now()))), 0)::float8
            AS oldest_pending_age_seconds,
        (SELECT last_error FROM {schema}.outbox
         WHERE last_error IS NOT NULL ORDER BY id LIMIT 1) AS oldest_error
@@ -243,7 +243,7 @@ SELECT %(consumer)s, %(message_id)s
 FROM (SELECT set_config('synchronous_commit', 'off', true),
              set_config('lock_timeout', %(lock_timeout)s, true)) AS asynchronous_commit
 ON CONFLICT (consumer, message_id)
-    DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = now()
+    DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = {schema}.clock_now()
 RETURNING attempts
 
 -- record_inbox_forgetting_attempts --
@@ -324,7 +324,7 @@ FOR UPDATE
 
 -- resolve_dead_letter --
 UPDATE {schema}.dead_letters
-SET status = %(status)s, resolved_at = now(), replayed_as = %(replayed_as)s, note = %(note)s
+SET status = %(status)s, resolved_at = {schema}.clock_now(), replayed_as = %(replayed_as)s, note = %(note)s
 WHERE id = %(id)s AND status = 'parked'
 
 -- prune_inbox --
@@ -334,7 +334,7 @@ WHERE id = %(id)s AND status = 'parked'
 -- late copy of the parked message from running beside the message's replay.
 DELETE FROM {schema}.inbox AS i
 USING (SELECT consumer, message_id FROM {schema}.inbox AS o
-       WHERE processed_at < now() - %(older_than)s::interval
+       WHERE processed_at < {schema}.clock_now() - %(older_than)s::interval
          AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters AS d
                          WHERE d.consumer = o.consumer AND d.message_id = o.message_id::text)
        LIMIT %(batch)s
@@ -343,7 +343,7 @@ WHERE i.consumer = old.consumer AND i.message_id = old.message_id
 
 -- count_prunable_inbox --
 SELECT count(*) FROM {schema}.inbox AS o
-WHERE processed_at < now() - %(older_than)s::interval
+WHERE processed_at < {schema}.clock_now() - %(older_than)s::interval
   AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters AS d
                   WHERE d.consumer = o.consumer AND d.message_id = o.message_id::text)
 
@@ -352,24 +352,24 @@ WHERE processed_at < now() - %(older_than)s::interval
 -- only ever park a message that keeps killing its worker, which a week-old count is not.
 DELETE FROM {schema}.inbox_attempts AS a
 USING (SELECT consumer, message_id FROM {schema}.inbox_attempts
-       WHERE last_attempt_at < now() - %(older_than)s::interval
+       WHERE last_attempt_at < {schema}.clock_now() - %(older_than)s::interval
        LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED) AS old
 WHERE a.consumer = old.consumer AND a.message_id = old.message_id
 
 -- count_prunable_inbox_attempts --
-SELECT count(*) FROM {schema}.inbox_attempts WHERE last_attempt_at < now() - %(older_than)s::interval
+SELECT count(*) FROM {schema}.inbox_attempts WHERE last_attempt_at < {schema}.clock_now() - %(older_than)s::interval
 
 -- prune_dead_letters --
 DELETE FROM {schema}.dead_letters
 WHERE id IN (SELECT id FROM {schema}.dead_letters
-             WHERE created_at < now() - %(older_than)s::interval
+             WHERE created_at < {schema}.clock_now() - %(older_than)s::interval
              ORDER BY id
              LIMIT %(batch)s
              FOR UPDATE SKIP LOCKED)
 
 -- count_prunable_dead_letters --
-SELECT count(*) FROM {schema}.dead_letters WHERE created_at < now() - %(older_than)s::interval
+SELECT count(*) FROM {schema}.dead_letters WHERE created_at < {schema}.clock_now() - %(older_than)s::interval
 
 -- advance_fence --
 -- Record a freshly acquired lock's token as the newest for its key; no row comes back if
@@ -385,7 +385,7 @@ WITH settings AS MATERIALIZED (
 INSERT INTO {schema}.fences (lock_key, token)
 SELECT %(key)s, %(token)s FROM settings
 ON CONFLICT (lock_key) DO UPDATE
-    SET token = EXCLUDED.token, raised_at = now()
+    SET token = EXCLUDED.token, raised_at = {schema}.clock_now()
     WHERE fences.token < EXCLUDED.token
 RETURNING token
 
@@ -406,12 +406,12 @@ SELECT f.token FROM settings, {schema}.fences AS f WHERE f.lock_key = %(key)s FO
 -- pruning never holds a step up. Always safe: see sql/fences.py.
 DELETE FROM {schema}.fences
 WHERE lock_key IN (SELECT lock_key FROM {schema}.fences
-                   WHERE raised_at < now() - %(older_than)s::interval
+                   WHERE raised_at < {schema}.clock_now() - %(older_than)s::interval
                    LIMIT %(batch)s
                    FOR UPDATE SKIP LOCKED)
 
 -- count_prunable_fences --
-SELECT count(*) FROM {schema}.fences WHERE raised_at < now() - %(older_than)s::interval
+SELECT count(*) FROM {schema}.fences WHERE raised_at < {schema}.clock_now() - %(older_than)s::interval
 
 -- current_wal_position --
 -- How far the WAL is flushed now: past the commit record of every transaction the caller
@@ -426,3 +426,21 @@ SELECT pg_current_wal_flush_lsn()::text
 SELECT count(*) FILTER (WHERE flush_lsn >= %(target)s::pg_lsn),
        count(*) FILTER (WHERE flush_lsn IS NULL)
   FROM pg_stat_replication
+
+-- clock_now --
+-- The schema's time, as every decision reads it (see migrations/_common/0007_clock.sql).
+SELECT {schema}.clock_now()
+
+-- move_clock --
+-- Put the schema's time at %(at)s: its skew becomes the distance from PostgreSQL's now().
+-- Tests only (estafeta.testing); a production schema's clock table stays empty.
+INSERT INTO {schema}.clock (skew) VALUES (%(at)s::timestamptz - now())
+ON CONFLICT (only_row) DO UPDATE SET skew = EXCLUDED.skew
+
+-- advance_clock --
+-- Move the schema's time forward by %(by)s, exactly (whatever time passed since it was read).
+INSERT INTO {schema}.clock AS c (skew) VALUES (%(by)s::interval)
+ON CONFLICT (only_row) DO UPDATE SET skew = c.skew + EXCLUDED.skew
+
+-- reset_clock --
+DELETE FROM {schema}.clock

@@ -8,7 +8,7 @@ INSERT INTO {schema}.{table}
     (saga_id, {key}, status, current_step, payload, step_timeout, deadline_at)
 VALUES
     (%(saga_id)s, %(key)s, 'running', %(step)s, %(payload)s, %(step_timeout)s::interval,
-     now() + %(wait)s::interval)
+     {schema}.clock_now() + %(wait)s::interval)
 ON CONFLICT (saga_id) DO NOTHING
 
 -- get_saga --
@@ -33,13 +33,13 @@ SELECT saga_id, {key} AS key, status, current_step, payload, results, compensati
 FROM {schema}.{table}
 WHERE saga_id = %(saga_id)s
   AND status IN ('running', 'compensating')
-  AND deadline_at <= now()
+  AND deadline_at <= {schema}.clock_now()
 FOR UPDATE SKIP LOCKED
 
 -- list_overdue --
 SELECT saga_id
 FROM {schema}.{table}
-WHERE status IN ('running', 'compensating') AND deadline_at <= now()
+WHERE status IN ('running', 'compensating') AND deadline_at <= {schema}.clock_now()
 ORDER BY deadline_at
 LIMIT %(limit)s
 
@@ -61,25 +61,25 @@ WITH moved AS (
         compensations = %(compensations)s,
         attempts = 1,
         deadline_at = CASE WHEN %(status)s::text IN ('running', 'compensating')
-                           THEN now() + %(wait)s::interval END,
-        completed_at = CASE WHEN %(status)s::text IN ('running', 'compensating') THEN NULL ELSE now() END,
+                           THEN {schema}.clock_now() + %(wait)s::interval END,
+        completed_at = CASE WHEN %(status)s::text IN ('running', 'compensating') THEN NULL ELSE {schema}.clock_now() END,
         last_error = coalesce(%(last_error)s, last_error),
         version = version + 1,
-        updated_at = now()
+        updated_at = {schema}.clock_now()
     WHERE saga_id = %(saga_id)s AND version = %(version)s
     RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
               step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
 ), logged AS (
-    INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
-    SELECT saga_id, version, status, current_step, %(event)s, %(detail)s FROM moved
+    INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail, at)
+    SELECT saga_id, version, status, current_step, %(event)s, %(detail)s, {schema}.clock_now() FROM moved
 )
 SELECT * FROM moved
 
 -- record_resend --
 UPDATE {schema}.{table}
 SET attempts = attempts + 1,
-    deadline_at = now() + %(wait)s::interval,
-    updated_at = now()
+    deadline_at = {schema}.clock_now() + %(wait)s::interval,
+    updated_at = {schema}.clock_now()
 WHERE saga_id = %(saga_id)s AND version = %(version)s
 RETURNING saga_id, {key} AS key, status, current_step, payload, results, compensations, attempts,
           step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
@@ -102,13 +102,13 @@ WHERE saga_id = %(saga_id)s AND step = %(step)s AND status = 'running'
 WITH recorded AS (
     UPDATE {schema}.{table}
     SET last_error = %(error)s,
-        deadline_at = now() + step_timeout,
-        updated_at = now()
+        deadline_at = {schema}.clock_now() + step_timeout,
+        updated_at = {schema}.clock_now()
     WHERE saga_id = %(saga_id)s AND version = %(version)s
     RETURNING saga_id, version, status, current_step
 ), logged AS (
-    INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
-    SELECT saga_id, version, status, current_step, 'error', %(error)s FROM recorded
+    INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail, at)
+    SELECT saga_id, version, status, current_step, 'error', %(error)s, {schema}.clock_now() FROM recorded
 )
 SELECT 1 + (SELECT count(*)
             FROM {schema}.{log} AS l
@@ -118,8 +118,8 @@ SELECT 1 + (SELECT count(*)
 FROM recorded AS r
 
 -- insert_log --
-INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail)
-VALUES (%(saga_id)s, %(version)s, %(status)s, %(step)s, %(event)s, %(detail)s)
+INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail, at)
+VALUES (%(saga_id)s, %(version)s, %(status)s, %(step)s, %(event)s, %(detail)s, {schema}.clock_now())
 
 -- saga_log --
 SELECT version, status, step, event, detail, at
@@ -132,7 +132,7 @@ SELECT saga_id, {key} AS key, status, current_step, payload, results, compensati
        step_timeout, deadline_at, started_at, updated_at, completed_at, last_error, version
 FROM {schema}.{table}
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
-  AND (NOT %(stuck)s OR (status IN ('running', 'compensating') AND deadline_at <= now()))
+  AND (NOT %(stuck)s OR (status IN ('running', 'compensating') AND deadline_at <= {schema}.clock_now()))
 ORDER BY started_at DESC
 LIMIT %(limit)s
 
@@ -161,7 +161,7 @@ WHERE saga_id = ANY(%(ids)s::uuid[]) AND completed_at IS NOT NULL
 -- A re-sent command whose first copy is still in the outbox: put that row back in line
 -- (it may have exhausted its publish attempts) instead of writing a second one.
 UPDATE {schema}.outbox
-SET status = 'pending', attempts = 0, available_at = now()
+SET status = 'pending', attempts = 0, available_at = {schema}.clock_now()
 WHERE message_id = %(message_id)s
 RETURNING id
 
@@ -186,8 +186,8 @@ WHERE saga_id = ANY(%(ids)s::uuid[])
 -- stalls --
 -- Live sagas by how long each has been in its current state: since the first log entry of
 -- its current version (a re-send is logged under the same version: it is not progress).
-SELECT count(*) FILTER (WHERE entered <= now() - %(stuck_after)s::interval) AS stuck,
-       coalesce(extract(epoch FROM now() - min(entered)), 0)::float8 AS longest_wait_seconds
+SELECT count(*) FILTER (WHERE entered <= {schema}.clock_now() - %(stuck_after)s::interval) AS stuck,
+       coalesce(extract(epoch FROM {schema}.clock_now() - min(entered)), 0)::float8 AS longest_wait_seconds
 FROM (
     SELECT coalesce((SELECT min(l.at) FROM {schema}.{log} AS l
                      WHERE l.saga_id = s.saga_id AND l.version = s.version), s.updated_at) AS entered
@@ -202,19 +202,19 @@ FROM (
 -- idempotent placement finds its saga by key).
 DELETE FROM {schema}.{log}
 WHERE id IN (SELECT l.id FROM {schema}.{log} AS l
-             WHERE l.at < now() - %(older_than)s::interval
+             WHERE l.at < {schema}.clock_now() - %(older_than)s::interval
                AND EXISTS (SELECT 1 FROM {schema}.{table} AS s
                            WHERE s.saga_id = l.saga_id
                              AND s.status IN ('completed', 'compensated')
-                             AND s.completed_at < now() - %(older_than)s::interval)
+                             AND s.completed_at < {schema}.clock_now() - %(older_than)s::interval)
              ORDER BY l.id
              LIMIT %(batch)s
              FOR UPDATE SKIP LOCKED)
 
 -- count_prunable_log --
 SELECT count(*) FROM {schema}.{log} AS l
-WHERE l.at < now() - %(older_than)s::interval
+WHERE l.at < {schema}.clock_now() - %(older_than)s::interval
   AND EXISTS (SELECT 1 FROM {schema}.{table} AS s
               WHERE s.saga_id = l.saga_id
                 AND s.status IN ('completed', 'compensated')
-                AND s.completed_at < now() - %(older_than)s::interval)
+                AND s.completed_at < {schema}.clock_now() - %(older_than)s::interval)

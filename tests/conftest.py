@@ -11,15 +11,16 @@ import dramatiq
 import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
-from psycopg import sql
 
 from brokers.publish import EnqueuePublisher
 from brokers.relay import Outbox, Relay, RelayConfig
 from estafeta import App, Runtime, Service, Settings
+from estafeta.testing import TEST_SETTINGS
 from examples.booking import app as booking_app
 from examples.loyalty.service import app as loyalty_app
 from examples.shelf import app as shelf_app
 from examples.welcome.flow import app as welcome_app
+from sql.scratch import wipe
 
 from .app import app as tests_app
 from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (Kafka fixtures, on Tansu)
@@ -32,10 +33,6 @@ APPS: list[App] = [tests_app, loyalty_app, welcome_app, booking_app, shelf_app]
 def all_services() -> list[Service]:
     """Every service of every app the tests run."""
     return [service for app in APPS for service in app.services]
-
-
-#: Test settings: tiny backoffs so retries happen within a test.
-TEST_SETTINGS = {"max_retries": 3, "min_backoff_ms": 10, "max_backoff_ms": 50, "lock_timeout_ms": 2000}
 
 
 @pytest.fixture(scope="session")
@@ -90,51 +87,8 @@ def redis_url() -> Iterator[str]:
     drop_redis_namespace()
 
 
-#: Empties the tables of the services' schemas that a test wrote to, in one round trip: TRUNCATE
-#: (which fires no row trigger, so append-only tables empty too) of every table that has a row or
-#: whose sequence was used, RESTART IDENTITY, so ids start at 1 again as after a TRUNCATE of every table.
-#: Truncating only those is what keeps it cheap: a TRUNCATE of all ~100 tables takes 0.5-2 s, this
-#: takes milliseconds when a test wrote to a few. Each table is checked exactly (a row, or a
-#: sequence's last_value), never through the statistics views, which lag.
-_WIPE = """
-DO $wipe$
-DECLARE
-    target regclass;
-    written boolean;
-    targets text[] := '{{}}';
-BEGIN
-    -- The tables whose identity or serial sequence was used (pg_sequences reads each sequence once).
-    SELECT coalesce(array_agg(DISTINCT d.refobjid::regclass::text), '{{}}') INTO targets
-    FROM pg_sequences q
-    JOIN pg_class s ON s.relname = q.sequencename AND s.relkind = 'S'
-    JOIN pg_namespace sn ON sn.oid = s.relnamespace AND sn.nspname = q.schemaname
-    JOIN pg_depend d ON d.objid = s.oid AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')
-    JOIN pg_class t ON t.oid = d.refobjid AND t.relname <> 'schema_migrations'
-    WHERE q.schemaname = ANY({schemas}) AND q.last_value IS NOT NULL;
-    -- And the tables that have a row.
-    FOR target IN
-        SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = ANY({schemas}) AND c.relkind IN ('r', 'p') AND c.relname <> 'schema_migrations'
-    LOOP
-        IF NOT target::text = ANY(targets) THEN
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', target) INTO written;
-            IF written THEN
-                targets := targets || target::text;
-            END IF;
-        END IF;
-    END LOOP;
-    IF cardinality(targets) > 0 THEN
-        EXECUTE format('TRUNCATE %s RESTART IDENTITY CASCADE', array_to_string(targets, ', '));
-    END IF;
-END
-$wipe$
-"""
-
-
 def _wipe(dsn: str) -> None:
-    schemas = sql.Literal([s.name for s in all_services()])
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL(_WIPE).format(schemas=schemas))
+    wipe(dsn, [s.name for s in all_services()])
 
 
 @pytest.fixture
@@ -144,6 +98,24 @@ def runtime(database_url: str) -> Iterator[Runtime]:
     runtime = Runtime(Settings(database_url=database_url, **TEST_SETTINGS))  # type: ignore[arg-type]
     yield runtime
     runtime.close()
+
+
+@pytest.fixture(scope="session")
+def estafeta_declared_app() -> App:
+    """The plugin's app under test: the order system (the other apps share its database and runtime)."""
+    return tests_app
+
+
+@pytest.fixture(scope="session")
+def estafeta_database_url(database_url: str) -> str:
+    """The plugin's database: the run's, with every app's migrations."""
+    return database_url
+
+
+@pytest.fixture
+def estafeta_runtime(runtime: Runtime) -> Runtime:
+    """The plugin's runtime: the suite's, emptied before the test."""
+    return runtime
 
 
 @pytest.fixture

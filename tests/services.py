@@ -21,7 +21,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 import pytest
-from psycopg import sql
+
+from sql import scratch
 
 for _var, _default in (
     ("PGHOST", "127.0.0.1"),
@@ -172,14 +173,9 @@ def admin_dsn(dbname: str | None = None) -> str:
 def scratch_database() -> Iterator[str]:
     """A new, empty database for this test run, dropped afterwards; yields its DSN."""
     try:
-        admin = psycopg.connect(admin_dsn(), autocommit=True, connect_timeout=5)
+        psycopg.connect(admin_dsn(), connect_timeout=5).close()
     except psycopg.OperationalError as exc:
         require("PostgreSQL", False, str(exc).strip().splitlines()[0])
         raise
-    name = f"estafeta_test_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        try:
-            yield admin_dsn(name)
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch.scratch_database(admin_dsn()) as dsn:
+        yield dsn

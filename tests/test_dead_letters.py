@@ -12,8 +12,9 @@ from psycopg.types.json import Jsonb
 
 from actors.order_saga import ORDER_SAGA
 from brokers.publish import to_message
-from estafeta import Runtime, Settings, Watchdog, deliver
+from estafeta import Clock, Runtime, Settings, Watchdog, deliver
 from estafeta._dead_letters import groups, list_dead_letters, normalise, replay, show
+from estafeta.testing import VirtualClock
 from tests.app import STEPS
 from tests.app import app as tests_app
 
@@ -97,7 +98,7 @@ def test_a_replay_goes_through_the_outbox_under_a_new_id_and_takes_effect_once(r
 
 def _charge_parked_while_locked(runtime: Runtime, conn, database_url: str) -> tuple[uuid.UUID, uuid.UUID]:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=30)
     row = Courier(runtime, conn).take(CHARGE)
     message = to_message(row).copy(options={"retries": runtime.settings.max_retries})
     with lock_held_elsewhere(database_url, str(placed.order_id)):
@@ -120,7 +121,8 @@ def test_a_saga_command_whose_saga_moved_on_is_marked_obsolete_not_replayed(
     saga_id, _ = _charge_parked_while_locked(runtime, conn, database_url)
     courier = Courier(runtime, conn)
     # Every re-send goes unanswered too: the saga gives up on the charge and compensates.
-    _give_up_on_charge(conn, courier, Watchdog(runtime, [ORDER_SAGA]), saga_id, 0.05)
+    clock = VirtualClock(Clock(runtime, tests_app.service_names), watchdog=Watchdog(runtime, [ORDER_SAGA]))
+    _give_up_on_charge(conn, courier, clock, saga_id)
     courier.run()
     assert saga(conn, saga_id).status == "compensated"
     (outcome,) = replay(runtime, tests_app, ["payments"])

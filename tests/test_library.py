@@ -78,13 +78,14 @@ def _imports(path: Path) -> list[str]:
 
 
 #: Modules under estafeta that apps may import: the eventsourcing library's persistence module,
-#: the async producer API and the SQLAlchemy adapters.
+#: the async producer API, the SQLAlchemy and Django adapters, the pytest plugin.
 PUBLIC_SUBMODULES = {
     "estafeta.eventsourcing",
     "estafeta.aio",
     "estafeta.sqlalchemy",
     "estafeta.sqlalchemy.asyncio",
     "estafeta.django",
+    "estafeta.testing",
 }
 
 

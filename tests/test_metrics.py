@@ -6,8 +6,8 @@ the run count too); the table gauges from a collector over this test's database.
 
 from __future__ import annotations
 
-import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Pong
 from brokers.relay import Outbox
-from estafeta import Outcome, Runtime, Watchdog, deliver
+from estafeta import Clock, Outcome, Runtime, Watchdog, deliver
 from estafeta._table_metrics import SagaKind, TablesCollector
 
 from .app import STEPS
@@ -44,23 +44,25 @@ def _gauges(runtime: Runtime, stuck_after: float) -> dict[tuple[str, tuple[str, 
 
 
 def test_a_saga_counts_as_stuck_when_its_state_stays_put_and_a_resend_is_no_progress(runtime: Runtime, conn) -> None:
+    clock = Clock(runtime, ["orders"])
     seed(runtime, {"ann": 10_000}, {"sku-m": 5})
-    first = place(runtime, "ann", "sku-m", 1, 100, step_timeout=0.05)
-    second = place(runtime, "ann", "sku-m", 1, 100, step_timeout=0.05)
-    gauges = _gauges(runtime, stuck_after=0.4)
+    first = place(runtime, "ann", "sku-m", 1, 100, step_timeout=30)
+    second = place(runtime, "ann", "sku-m", 1, 100, step_timeout=30)
+    gauges = _gauges(runtime, stuck_after=60)
     assert gauges[("estafeta_sagas", ("order", "running"))] == 2
     assert gauges[("estafeta_sagas", ("order", "completed"))] == 0
     assert gauges[("estafeta_sagas_stuck", ("order",))] == 0
-    time.sleep(0.1)
+    clock.advance(timedelta(seconds=31))
     assert Watchdog(runtime, [ORDER_SAGA]).check_once()["resent"] == 2  # no participant answers
     assert saga(conn, first.saga_id).attempts == 2
-    time.sleep(0.4)
-    gauges = _gauges(runtime, stuck_after=0.4)
+    assert _gauges(runtime, stuck_after=60)[("estafeta_sagas_stuck", ("order",))] == 0
+    clock.advance(timedelta(seconds=30))
+    gauges = _gauges(runtime, stuck_after=60)
     assert gauges[("estafeta_sagas_stuck", ("order",))] == 2  # re-sent, still in one state
-    assert gauges[("estafeta_saga_longest_wait_seconds", ("order",))] >= 0.5
+    assert gauges[("estafeta_saga_longest_wait_seconds", ("order",))] >= 61
     with runtime.database("orders").transaction() as tx:
         ORDER_SAGA.abort(tx, second.saga_id, "the test moves it on")
-    gauges = _gauges(runtime, stuck_after=0.4)
+    gauges = _gauges(runtime, stuck_after=60)
     assert gauges[("estafeta_sagas_stuck", ("order",))] == 1
     assert gauges[("estafeta_sagas", ("order", "compensating"))] == 1
 

@@ -44,6 +44,8 @@ def family(name: str, families: set[str]) -> str | None:
 
 #: Names in the texts that look like metrics and are not: NOTIFY channels.
 NOT_METRICS = {"estafeta_events", "estafeta_outbox"}
+#: The pytest plugin's fixture and ini option names (estafeta.testing), not metrics either.
+NOT_METRICS |= {"estafeta_app", "estafeta_declared_app", "estafeta_runtime", "estafeta_database_url"}
 
 
 def named_in(text: str) -> set[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -15,8 +15,9 @@ from actors import order_history
 from actors.order_events import STORE, PaymentCharged, stream_id
 from actors.order_history import OrderSummary, OrderView, record_transition
 from actors.order_saga import ORDER_SAGA, OrderData, reconcile
-from estafeta import Projector, Runtime, SagaTransition, Watchdog, from_json
+from estafeta import Clock, Projector, Runtime, SagaTransition, Watchdog, from_json
 from estafeta._projection_ops import rebuild
+from estafeta.testing import VirtualClock
 from sql import event_store
 
 from .helpers import scalar
@@ -258,13 +259,12 @@ def test_the_reconciliation_checks_every_fact_is_recorded_once(
 
 def _unanswered(runtime: Runtime, courier: Courier, actor: str) -> uuid.UUID:
     """An order whose ``actor`` never answers: the watchdog sends it three times, then gives up on it."""
-    watchdog = Watchdog(runtime, [ORDER_SAGA])
+    clock = VirtualClock(Clock(runtime, ["orders"]), watchdog=Watchdog(runtime, [ORDER_SAGA]))
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=30)
     courier.run(hold=frozenset({actor}))
     for attempt in range(1, 4):
-        time.sleep(0.06 * attempt)
-        watchdog.check_once()
+        clock.advance(timedelta(seconds=30 * attempt + 1))  # past the deadline of this send
         while courier.pending(actor):
             courier.take(actor)
     return placed.order_id

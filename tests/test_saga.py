@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import time
 import uuid
+from collections import Counter
+from datetime import timedelta
 
 import attrs
 import pytest
 
 from actors.order_saga import ORDER_SAGA
-from estafeta import Reply, Runtime, Saga, SagaError, SagaStep, Service, Watchdog
+from estafeta import Clock, Reply, Runtime, Saga, SagaError, SagaStep, Service, Watchdog
 from estafeta._saga import REPLIES
+from estafeta.testing import VirtualClock
 
+from .app import app as tests_app
 from .helpers import message_for, scalar
 from .shop import Courier, events, place, saga, seed
 
@@ -51,9 +54,14 @@ def snapshot(conn, saga_id: uuid.UUID) -> tuple[object, ...]:
     return row, len(events(conn, saga_id)), outboxes
 
 
-def overdue(seconds: float) -> None:
-    """Let a saga's deadline pass (its step timeout is ``seconds``)."""
-    time.sleep(seconds * 1.2)
+#: The order saga's step timeout in these tests: the default, passed on the virtual clock.
+TIMEOUT = 30
+
+
+def overdue(clock: VirtualClock, attempt: int = 1) -> Counter[str]:
+    """Let the saga's deadline for its ``attempt``-th send pass; return what the watchdog did."""
+    # The wait grows with each send (timeout x attempt); a second more is past it.
+    return clock.advance(timedelta(seconds=TIMEOUT * attempt + 1)).watchdog
 
 
 @pytest.fixture
@@ -64,6 +72,12 @@ def courier(runtime: Runtime, conn) -> Courier:
 @pytest.fixture
 def watchdog(runtime: Runtime) -> Watchdog:
     return Watchdog(runtime, [ORDER_SAGA])
+
+
+@pytest.fixture
+def clock(runtime: Runtime, watchdog: Watchdog) -> VirtualClock:
+    """The plugin's virtual clock with the watchdog; the Courier delivers by hand, so no relay pass."""
+    return VirtualClock(Clock(runtime, tests_app.service_names), watchdog=watchdog)
 
 
 # -- the happy path and the failure branches ---------------------------------------------
@@ -220,11 +234,10 @@ def test_a_reply_for_no_saga_is_dead_lettered(runtime: Runtime, conn, courier: C
     assert "no order saga" in scalar(conn, "SELECT reason FROM orders.dead_letters")
 
 
-def _give_up_on_charge(conn, courier: Courier, watchdog: Watchdog, saga_id: uuid.UUID, timeout: float) -> None:
+def _give_up_on_charge(conn, courier: Courier, clock: VirtualClock, saga_id: uuid.UUID) -> None:
     """Let every send of the charge go unanswered until the saga compensates it."""
     for attempt in range(1, 4):
-        overdue(timeout * attempt)
-        assert watchdog.check_once() == ({"resent": 1} if attempt < 3 else {"compensating": 1})
+        assert overdue(clock, attempt) == ({"resent": 1} if attempt < 3 else {"compensating": 1})
         while courier.pending(CHARGE):
             courier.take(CHARGE)  # lost: the participant never sees it
     assert saga(conn, saga_id).status == "compensating"
@@ -232,12 +245,12 @@ def _give_up_on_charge(conn, courier: Courier, watchdog: Watchdog, saga_id: uuid
 
 @pytest.mark.parametrize("late_charge_arrives", ["before the refund", "after the refund"])
 def test_a_late_charge_after_the_saga_gave_up_is_undone_or_refused(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog, late_charge_arrives: str
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock, late_charge_arrives: str
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     late = courier.take(CHARGE)  # in flight somewhere, for longer than the saga waits
-    _give_up_on_charge(conn, courier, watchdog, placed.saga_id, 0.05)
+    _give_up_on_charge(conn, courier, clock, placed.saga_id)
     assert saga(conn, placed.saga_id).compensations == ["charge_payment", "place_order", "notify_cancellation"]
     if late_charge_arrives == "after the refund":
         assert courier.deliver(courier.take(REFUND)) == "ok"
@@ -259,17 +272,12 @@ def test_a_late_charge_after_the_saga_gave_up_is_undone_or_refused(
 # -- deadlines --------------------------------------------------------------------------
 
 
-def test_the_watchdog_sends_a_lost_command_again(runtime: Runtime, conn, courier: Courier, watchdog: Watchdog) -> None:
+def test_the_watchdog_sends_a_lost_command_again(runtime: Runtime, conn, courier: Courier, clock: VirtualClock) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=60)
     lost = courier.take(CHARGE)
-    assert watchdog.check_once() == {}  # not yet past the deadline
-    table = ORDER_SAGA.table
-    conn.execute(  # the minute passes (a slow machine cannot make the first check see it passed)
-        f"UPDATE {table.schema}.{table.table} SET deadline_at = now() - interval '1 second' WHERE saga_id = %s",
-        (placed.saga_id,),
-    )
-    assert watchdog.check_once() == {"resent": 1}
+    assert clock.advance(timedelta(seconds=59)).watchdog == {}  # not yet past the deadline
+    assert clock.advance(timedelta(seconds=2)).watchdog == {"resent": 1}
     (again,) = courier.pending(CHARGE)
     # The same command and the same question (step, version), as a new message: a new attempt.
     assert again.message_id != lost.message_id
@@ -296,14 +304,13 @@ def test_each_send_keeps_its_message_id_so_copies_of_it_are_absorbed(
 
 
 def test_a_command_sent_again_after_it_took_effect_is_answered_again_without_taking_effect_twice(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     assert courier.deliver(courier.take(CHARGE)) == "ok"
     stuck = courier.take(REPLY)  # the answer is stuck (a killed Redis worker had it prefetched)
-    overdue(0.05)
-    assert watchdog.check_once() == {"resent": 1}
+    assert overdue(clock) == {"resent": 1}
     assert courier.deliver(courier.take(CHARGE)) == "ok"  # found the payment: charged nothing more
     assert courier.deliver(courier.take(REPLY)) == "ok"  # the second answer moves the saga on
     assert saga(conn, placed.saga_id).current_step == "reserve_inventory"
@@ -317,26 +324,24 @@ def test_a_command_sent_again_after_it_took_effect_is_answered_again_without_tak
 
 
 def test_a_resent_command_still_in_the_outbox_is_put_back_in_line(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     conn.execute("UPDATE orders.outbox SET status = 'failed', attempts = 5, last_error = 'broker refused'")
-    overdue(0.05)
-    assert watchdog.check_once() == {"resent": 1}
+    assert overdue(clock) == {"resent": 1}
     rows = conn.execute("SELECT status, attempts FROM orders.outbox").fetchall()
     assert rows == [("pending", 0)]
 
 
 def test_an_unanswered_step_is_compensated_itself_once_its_attempts_are_spent(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     courier.run(hold=frozenset({RESERVE}))
     for attempt in range(1, 4):
-        overdue(0.05 * attempt)
-        watchdog.check_once()
+        overdue(clock, attempt)
         while courier.pending(RESERVE):
             courier.take(RESERVE)
     row = saga(conn, placed.saga_id)
@@ -351,14 +356,13 @@ def test_an_unanswered_step_is_compensated_itself_once_its_attempts_are_spent(
 
 
 def test_an_unanswered_step_past_the_point_of_no_return_fails_the_saga_until_resumed(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
-    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=0.05)
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     courier.run(hold=frozenset({CONFIRM}))
     for attempt in range(1, 4):
-        overdue(0.05 * attempt)
-        watchdog.check_once()
+        overdue(clock, attempt)
         while courier.pending(CONFIRM):
             courier.take(CONFIRM)
     row = saga(conn, placed.saga_id)

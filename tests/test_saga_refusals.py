@@ -20,15 +20,17 @@ from actors import payments
 from actors.order_saga import ORDER_SAGA
 from actors.payments import ChargePayment
 from brokers.publish import to_message
-from estafeta import LockNotAcquired, Runtime, Settings, Watchdog, deliver
+from estafeta import Clock, LockNotAcquired, Runtime, Settings, Watchdog, deliver
+from estafeta.testing import VirtualClock
 from sql.outbox import OutboxRow
 from tests.app import STEPS
+from tests.app import app as tests_app
 
 from .helpers import message_for, scalar
 from .shop import Courier, place, saga, seed
-from .test_saga import CHARGE, RESERVE, available, balance, order_status, overdue
+from .test_saga import CHARGE, RESERVE, TIMEOUT, available, balance, order_status, overdue
 
-STEP_TIMEOUT = 0.05
+STEP_TIMEOUT = TIMEOUT
 
 
 @pytest.fixture
@@ -39,6 +41,12 @@ def courier(runtime: Runtime, conn) -> Courier:
 @pytest.fixture
 def watchdog(runtime: Runtime) -> Watchdog:
     return Watchdog(runtime, [ORDER_SAGA])
+
+
+@pytest.fixture
+def clock(runtime: Runtime, watchdog: Watchdog) -> VirtualClock:
+    """The virtual clock with the watchdog; the Courier delivers by hand, so no relay pass."""
+    return VirtualClock(Clock(runtime, tests_app.service_names), watchdog=watchdog)
 
 
 @contextlib.contextmanager
@@ -60,19 +68,18 @@ def meets_the_lock(dsn: str, row: OutboxRow, key: str) -> None:
         impatient.close()
 
 
-def resend_after_the_deadline(watchdog: Watchdog) -> None:
-    overdue(STEP_TIMEOUT)
-    assert watchdog.check_once() == {"resent": 1}
+def resend_after_the_deadline(clock: VirtualClock) -> None:
+    assert overdue(clock) == {"resent": 1}
 
 
 def test_a_charge_retried_after_its_order_was_refused_is_refused_too(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog, database_url: str
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock, database_url: str
 ) -> None:
     seed(runtime, {"c1": 1_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=STEP_TIMEOUT)
     first = courier.take(CHARGE)
     meets_the_lock(database_url, first, str(placed.order_id))
-    resend_after_the_deadline(watchdog)
+    resend_after_the_deadline(clock)
     assert courier.deliver(courier.take(CHARGE)) == "failed"  # attempt 2: insufficient funds
     courier.run()
     assert saga(conn, placed.saga_id).status == "compensated"
@@ -86,14 +93,14 @@ def test_a_charge_retried_after_its_order_was_refused_is_refused_too(
 
 
 def test_a_reservation_retried_after_its_order_was_refused_is_refused_too(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog, database_url: str
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock, database_url: str
 ) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 1})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=STEP_TIMEOUT)
     courier.run(hold=frozenset({RESERVE}))
     first = courier.take(RESERVE)
     meets_the_lock(database_url, first, str(placed.order_id))
-    resend_after_the_deadline(watchdog)
+    resend_after_the_deadline(clock)
     assert courier.deliver(courier.take(RESERVE)) == "failed"  # attempt 2: out of stock
     courier.run()
     assert saga(conn, placed.saga_id).status == "compensated"
@@ -134,7 +141,7 @@ def test_a_refused_reservation_is_recorded_as_the_orders_one_decision(runtime: R
 
 
 def test_a_refused_step_sent_more_than_once_is_compensated_too(
-    runtime: Runtime, conn, courier: Courier, watchdog: Watchdog
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
 ) -> None:
     # For participants that do not record their refusals: an earlier send may still take
     # effect, so the saga undoes the refused step too (its compensation finds nothing, or
@@ -142,7 +149,7 @@ def test_a_refused_step_sent_more_than_once_is_compensated_too(
     seed(runtime, {"c1": 1_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=STEP_TIMEOUT)
     courier.take(CHARGE)  # attempt 1 is somewhere, late
-    resend_after_the_deadline(watchdog)
+    resend_after_the_deadline(clock)
     assert courier.deliver(courier.take(CHARGE)) == "failed"
     courier.run(hold=frozenset({"payments.refund_payment"}))
     row = saga(conn, placed.saga_id)

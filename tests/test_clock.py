@@ -1,0 +1,123 @@
+"""One clock: every time-based decision in SQL reads the schema's clock_now(), which a test moves."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from dramatiq.brokers.stub import StubBroker
+
+from actors import pingpong
+from brokers.relay import Relay
+from estafeta import Clock, Runtime, running
+from sql import idempotency, inbox, queries
+from sql import outbox as store
+
+from .app import app as tests_app
+from .conftest import make_relay
+from .helpers import scalar, wait_until
+from .relay_support import QUEUE, SCHEMA, add, arrivals, check_order, drain_stub
+
+
+@pytest.fixture
+def clock(runtime: Runtime) -> Clock:
+    return Clock(runtime, [SCHEMA])
+
+
+@pytest.fixture
+def queue(stub_broker) -> str:
+    stub_broker.declare_queue(QUEUE)
+    return QUEUE
+
+
+@pytest.mark.parametrize("filename", ["queries.sql", "sagas.sql", "idempotency.sql"])
+def test_no_named_query_reads_postgresql_s_clock_directly(filename: str) -> None:
+    # now() only inside clock_now() and in the query that moves it; clock_timestamp() only
+    # for the ages reported to operators (metrics), never for a decision.
+    for name, code in queries.parse(filename).items():
+        if name != "move_clock":
+            assert re.findall(r"(?<![a-z_])now\(\)", code) == [], name
+        assert all("extract(epoch" in line for line in code.splitlines() if "clock_timestamp" in line), name
+
+
+def test_an_unmoved_clock_is_postgresql_s(conn, clock: Clock) -> None:
+    assert scalar(conn, "SELECT pingpong.clock_now() = now()") is True
+    assert scalar(conn, "SELECT count(*) FROM pingpong.clock") == 0
+    before = datetime.now(UTC)
+    assert abs(clock.now() - before) < timedelta(minutes=1)
+
+
+def test_set_and_advance_move_the_schema_s_time(conn, clock: Clock) -> None:
+    clock.set(datetime(2030, 1, 1, tzinfo=UTC))
+    assert datetime(2030, 1, 1, tzinfo=UTC) <= clock.now() < datetime(2030, 1, 1, 0, 1, tzinfo=UTC)
+    moved = clock.advance(timedelta(days=2))
+    assert moved >= datetime(2030, 1, 3, tzinfo=UTC)
+    clock.reset()
+    assert scalar(conn, "SELECT pingpong.clock_now() = now()") is True
+    clock.advance(timedelta(hours=1))
+    clock.advance(timedelta(minutes=30))
+    assert scalar(conn, "SELECT skew FROM pingpong.clock") == timedelta(hours=1, minutes=30)  # exactly
+    with pytest.raises(ValueError, match="timezone-aware"):
+        clock.set(datetime(2030, 1, 1))
+    with pytest.raises(ValueError, match="only moves forward"):
+        clock.advance(timedelta(seconds=-1))
+
+
+def test_a_delayed_row_falls_due_when_the_clock_passes_it(conn, relay: Relay, stub_broker, queue, clock: Clock):
+    add(conn, "a", 0, delay=timedelta(hours=1))
+    assert relay.drain_once() == 0
+    assert store.seconds_until_next_due(conn, SCHEMA) == pytest.approx(3600, abs=60)
+    clock.advance(timedelta(minutes=59))
+    assert relay.drain_once() == 0
+    clock.advance(timedelta(minutes=2))
+    assert relay.drain_once() == 1
+    assert check_order(arrivals(drain_stub(stub_broker)), {"a": [0]}) == 0
+
+
+def test_a_refused_publish_is_retried_after_its_backoff_on_the_clock(conn, runtime: Runtime, stub_broker, clock: Clock):
+    relay = make_relay(runtime, stub_broker, max_attempts=5, attempt_backoff=timedelta(minutes=10))
+    add(conn, "a", 0, queue="nowhere")  # refused: the stub broker has no such queue yet
+    assert relay.drain_once() == 0
+    stub_broker.declare_queue("nowhere")
+    assert relay.drain_once() == 0  # still backing off
+    clock.advance(timedelta(minutes=11))
+    assert relay.drain_once() == 1
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
+
+
+def test_retention_counts_age_on_the_clock(conn, clock: Clock) -> None:
+    inbox.record(conn, SCHEMA, "pingpong.ping", uuid.uuid4())
+    assert inbox.prune(conn, SCHEMA, timedelta(days=7)) == 0
+    clock.advance(timedelta(days=8))
+    inbox.record(conn, SCHEMA, "pingpong.ping", uuid.uuid4())  # recorded at the clock's time: young
+    assert inbox.prune(conn, SCHEMA, timedelta(days=7)) == 1
+    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox") == 1
+
+
+def test_an_idempotency_record_expires_on_the_clock(conn, runtime: Runtime) -> None:
+    clock = Clock(runtime, ["orders"])
+    request = {"client": "c", "key": "k", "fingerprint": "f", "method": "POST", "target": "/orders"}
+    response = {"status": 201, "headers": [], "body": b"{}"}
+    assert idempotency.store(conn, "orders", **request, **response, ttl=timedelta(hours=24))
+    assert idempotency.claim(conn, "orders", client="c", key="k", lock_name="c/k")[0] is not None
+    assert idempotency.prune(conn, "orders", 100) == 0
+    clock.advance(timedelta(hours=25))
+    assert idempotency.claim(conn, "orders", client="c", key="k", lock_name="c/k") == (None, True)
+    assert idempotency.prune(conn, "orders", 100) == 1
+
+
+def test_a_running_relay_and_worker_follow_the_clock(runtime: Runtime, conn) -> None:
+    """Not only the passes a test runs: every process reading the database sees the moved time."""
+    binding = tests_app.bind(StubBroker(), runtime)
+    with running(binding, poll_interval=0.1):
+        with conn.transaction():
+            pingpong.SERVICE.send(
+                conn, pingpong.Ping(ping_id := uuid.uuid4(), datetime.now(UTC)), delay=timedelta(days=1)
+            )
+        Clock(runtime, ["pingpong"]).advance(timedelta(days=1, seconds=1))
+        wait_until(
+            lambda: scalar(conn, "SELECT pongs FROM pingpong.pings WHERE ping_id = %s", ping_id) == 1,
+            what="the delayed ping, answered",
+        )
