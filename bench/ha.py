@@ -12,7 +12,13 @@ In one run, on a scratch PostgreSQL database and RabbitMQ nodes of the benchmark
   the workers and the relay idle, one order placed at once, and the time from the kill to
   its first committed step (the order's ``orders.place`` in the inbox, by the database's
   clock): the relay and the workers reconnected to a live node and RabbitMQ elected a new
-  leader. The node is restarted between runs.
+  leader. The node is restarted between runs;
+- PostgreSQL failover, ``--failovers`` times: a private primary with a synchronous standby
+  (tests/pg_servers.py), the workers and the relay on a DSN naming both
+  (``target_session_attrs=read-write``), the primary stopped with ``pg_ctl stop -m
+  immediate`` and the standby promoted at once, one order placed (retried until the new
+  primary takes it, as a producer would), and the time from the kill to its first committed
+  step: the pools dropped their dead connections and found the promoted standby.
 
 Figures measured while other work runs on the machine are noisy: the load is printed.
 """
@@ -33,7 +39,8 @@ import psycopg
 
 from actors.order_saga import place_order
 from cli.seed import plan_orders, seed_services
-from estafeta import Runtime
+from estafeta import DatabaseUnavailable, Runtime
+from tests.pg_servers import private_postgres
 from tests.rabbit_servers import RabbitNode, private_rabbitmq_node, rabbitmq_cluster
 
 from .common import describe, machine, scratch_database
@@ -93,6 +100,51 @@ def failover(runtime: Runtime, nodes: list[RabbitNode]) -> float:
     return float(seconds)
 
 
+def _first_step_after(dsn: str, since: Any) -> Any:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        query = f"SELECT min(processed_at) FROM ({_FIRST_STEP}) AS steps"
+        deadline = time.monotonic() + 300
+        while (first := (conn.execute(query, {"t": since}).fetchone() or [None])[0]) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no step committed within 300 s of the kill")
+            time.sleep(0.02)
+    return first
+
+
+def pg_failover(broker_url: str, threads: int) -> float:
+    """Crash a primary, promote its standby, place one order: seconds from the crash to its first committed step."""
+    with private_postgres() as primary:
+        standby = primary.standby(synchronous=True)
+        dsn = (
+            f"host={primary.host},{standby.host} port={primary.port},{standby.port} user=postgres"
+            " dbname=postgres target_session_attrs=read-write connect_timeout=5"
+        )
+        _migrate(dsn)
+        with process_harness(dsn, broker_url, 1, 4) as runtime:
+            _measure(runtime, dsn, 1)  # the workers answer, and every pool holds live connections
+            plan = plan_orders(1, prefix=f"p{uuid.uuid4().hex[:6]}-", rng=random.Random(5))
+            seed_services(runtime, plan.balances, plan.stock)
+            with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+                row = conn.execute("SELECT clock_timestamp()").fetchone()
+            assert row is not None
+            killed_at = row[0]
+            primary.stop("immediate")
+            standby.promote()
+            customer, sku, quantity, amount = plan.orders[0]
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with runtime.database("orders").transaction() as conn:
+                        place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
+                    break
+                except DatabaseUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            first = _first_step_after(dsn, killed_at)
+    return float((first - killed_at).total_seconds())
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement."""
     results: dict[str, Any] = {"machine": machine()}
@@ -113,6 +165,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["three nodes, quorum queues"]["publish"] = latency(
                 Services(dsn, url, ""), "rabbitmq", args.rate, args.seconds, **quorum
             )
+    with private_rabbitmq_node() as node:
+        results["pg_failover_seconds"] = [pg_failover(node.url(), args.threads) for _ in range(args.failovers)]
     return results
 
 
@@ -128,12 +182,16 @@ def table(results: dict[str, Any]) -> str:
             f" {found['latency_p50']:>7.2f} {found['latency_p99']:>7.2f}"
             f"   {publish['p50_ms']:>8.1f} {publish['p99_ms']:>8.1f}"
         )
-    times = results["failover_seconds"]
     lines.append("")
-    lines.append(
-        f"failover (SIGKILL of the orders leader -> first committed step), {len(times)} runs:"
-        f" min {min(times):.2f} s, median {statistics.median(times):.2f} s, max {max(times):.2f} s"
-    )
+    for key, what in (
+        ("failover_seconds", "RabbitMQ failover (SIGKILL of the orders leader -> first committed step)"),
+        ("pg_failover_seconds", "PostgreSQL failover (primary stopped -m immediate, standby promoted -> first step)"),
+    ):
+        times = results[key]
+        lines.append(
+            f"{what}, {len(times)} runs:"
+            f" min {min(times):.2f} s, median {statistics.median(times):.2f} s, max {max(times):.2f} s"
+        )
     return "\n".join(lines)
 
 
@@ -146,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
     )
     found.add_argument("--sagas", type=int, default=300, help="Sagas placed at once on each setup.")
     found.add_argument("--threads", type=int, default=8, help="Worker threads (one worker process).")
-    found.add_argument("--failovers", type=int, default=5, help="Node kills to time.")
+    found.add_argument("--failovers", type=int, default=5, help="Node kills and PostgreSQL failovers to time.")
     found.add_argument("--rate", type=float, default=50.0, help="Outbox rows a second for the publish latency.")
     found.add_argument("--seconds", type=float, default=10.0, help="How long the publish latency is measured.")
     found.add_argument("--json", action="store_true", help="Print the results as JSON.")
