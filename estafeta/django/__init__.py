@@ -24,8 +24,9 @@ Django's migrations never touch them (see ``docs/how-to/django.md`` for the orde
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -35,10 +36,12 @@ from django.db.transaction import TransactionManagementError
 
 from sql import plan
 from sql.errors import EstafetaError
+from sql.pool import Database
 
 from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from .._idempotency import Idempotency, IdempotentRequest, Step
 from .._problem import HttpResponse
+from .._runtime import StepConnections
 
 if TYPE_CHECKING:
     from .._app import Service
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NoTransaction",
+    "OtherDatabase",
     "UnsupportedBackend",
     "append_events",
     "connection",
@@ -53,11 +57,16 @@ __all__ = [
     "run_idempotent",
     "send",
     "start_saga",
+    "step_connections",
 ]
 
 
 class UnsupportedBackend(EstafetaError, ImproperlyConfigured):
     """This database alias is not PostgreSQL on psycopg 3: estafeta writes through psycopg 3 only."""
+
+
+class OtherDatabase(EstafetaError, ImproperlyConfigured):
+    """A step's service lives in another database than Django's: its ORM cannot share the step's transaction."""
 
 
 class NoTransaction(EstafetaError, TransactionManagementError):
@@ -162,3 +171,77 @@ def run_idempotent(
         return None
 
     return plan.drive(idempotency.plan_for(request), perform)
+
+
+def step_connections(using: str = DEFAULT_DB_ALIAS) -> StepConnections:
+    """Steps run on Django's connection of their worker thread: the ORM writes in the step's transaction.
+
+    Give it to the worker's runtime::
+
+        runtime = Runtime(Settings.from_env(), step_connections=es.step_connections())
+        broker = app.bind(runtime=runtime).broker
+
+    In each step Django's ``using`` database is in manual transaction management
+    (``transaction.set_autocommit(False)``, Django's own API) on the very psycopg connection
+    that holds the step's inbox record and outbox rows: what the step writes with the ORM
+    commits with them, or not at all. A step's ``transaction.atomic()`` is a savepoint in
+    it; ``transaction.on_commit`` callbacks (registered inside ``atomic``) run after the
+    step's commit, and not when it rolls back. Autocommit is back on once the step ends.
+    The step's service must live in Django's database (:class:`OtherDatabase` otherwise).
+    """
+
+    def lend(database: Database) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+        return _lent(database, using)
+
+    return lend
+
+
+@contextlib.contextmanager
+def _lent(database: Database, using: str) -> Iterator[psycopg.Connection[Any]]:
+    wrapper = connections[using]
+    if wrapper.vendor != "postgresql":
+        raise UnsupportedBackend(f"database {using!r} is {wrapper.vendor}: estafeta needs PostgreSQL (psycopg 3)")
+    if wrapper.in_atomic_block:
+        raise TransactionManagementError("a step opens its own transaction: run it outside transaction.atomic()")
+    wrapper.close_if_unusable_or_obsolete()
+    transaction.set_autocommit(False, using=using)
+    try:
+        driver = wrapper.connection
+        if not isinstance(driver, psycopg.Connection):
+            raise UnsupportedBackend(f"database {using!r} does not run on psycopg 3: estafeta needs it")
+        _check_same_database(driver, database, using)
+    except BaseException:
+        transaction.set_autocommit(True, using=using)
+        raise
+    try:
+        yield driver  # the step commits (or rolls back) its transaction on it
+    except BaseException:
+        _end(wrapper, using, committed=False)
+        raise
+    _end(wrapper, using, committed=True)
+
+
+def _end(wrapper: Any, using: str, *, committed: bool) -> None:
+    # The step's COMMIT or ROLLBACK has been sent: these only bring Django's bookkeeping
+    # along (the driver has no transaction open, so nothing more reaches the server), and
+    # autocommit back on runs the on_commit callbacks of a commit.
+    try:
+        if committed:
+            transaction.commit(using=using)
+        else:
+            transaction.rollback(using=using)
+        transaction.set_autocommit(True, using=using)
+    except Exception:
+        if committed:
+            raise
+        wrapper.close()  # a connection lost under the step: Django reconnects for the next one
+
+
+def _check_same_database(driver: psycopg.Connection[Any], database: Database, using: str) -> None:
+    wanted = psycopg.conninfo.conninfo_to_dict(database.dsn)
+    found = (driver.info.dbname, driver.info.port)
+    if (wanted.get("dbname", found[0]), int(wanted.get("port", found[1]) or found[1])) != found:
+        raise OtherDatabase(
+            f"the step's service is in database {database.description}, Django's {using!r} is"
+            f" {found[0]!r} on port {found[1]}: its ORM could not write in the step's transaction"
+        )

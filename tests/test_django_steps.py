@@ -1,0 +1,128 @@
+"""A Django project's step: the ORM on Django's connection of the thread, which is the step's own transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from estafeta import App, Runtime, Service, Settings, StepContext
+from estafeta._steps import Outcome, deliver
+from examples.shelf import ItemAdded, Restock
+
+from .conftest import TEST_SETTINGS
+from .helpers import message_for, scalar
+
+# The shelf's schema, seen by a Django project: a step of its own on the shelf service.
+shelf = Service("shelf", migrations=Path(__file__).parents[1] / "examples" / "shelf" / "migrations" / "shelf")
+committed: list[uuid.UUID] = []
+
+
+@shelf.step(Restock, name="restock_in_django")
+def restock_in_django(ctx: StepContext, command: Restock) -> None:
+    from django.db import connection, transaction
+    from django.db.models import F
+
+    from examples.shelf_django.models import Item
+
+    assert ctx.conn is connection.connection  # the step's transaction is on Django's connection
+    Item.objects.filter(item_id=command.item_id).update(quantity=F("quantity") + command.quantity)
+    with transaction.atomic():  # a savepoint in the step's transaction; select_for_update needs one
+        item = Item.objects.select_for_update().get(item_id=command.item_id)
+        transaction.on_commit(lambda: committed.append(command.item_id))
+    ctx.publish(ItemAdded(item.item_id, item.name))
+    if command.quantity == 13:  # an unlucky number: fails after its writes
+        raise RuntimeError("after the ORM write and the outbox row")
+
+
+@shelf.step(ItemAdded, name="note_item")
+def note_item(ctx: StepContext, event: ItemAdded) -> None:
+    """A subscriber of ``ItemAdded``: the restock's outbox row is its message."""
+
+
+app = App("shelf_django", services=[shelf])
+
+
+@pytest.fixture
+def django_steps(django_project: None, database_url: str, runtime: Runtime) -> Iterator[Runtime]:
+    """A runtime whose steps run on Django's connection of the thread."""
+    from django.db import connections
+
+    from estafeta import django as es
+
+    committed.clear()
+    connections.close_all()
+    # A worker keeps its connection from step to step (Django's default, 0, closes it after each).
+    settings_dict = connections["default"].settings_dict
+    max_age = settings_dict["CONN_MAX_AGE"]
+    settings_dict["CONN_MAX_AGE"] = None
+    steps = Runtime(Settings(database_url=database_url, **TEST_SETTINGS), step_connections=es.step_connections())  # type: ignore[arg-type]
+    yield steps
+    steps.close()
+    connections.close_all()
+    settings_dict["CONN_MAX_AGE"] = max_age
+
+
+def an_item(conn: Any) -> uuid.UUID:
+    item_id = uuid.uuid4()
+    conn.execute("INSERT INTO shelf.items (item_id, name, quantity) VALUES (%s, 'bolts', 0)", (item_id,))
+    return item_id
+
+
+def state(conn: Any, item_id: uuid.UUID) -> tuple[int, int, int]:
+    return (
+        scalar(conn, "SELECT quantity FROM shelf.items WHERE item_id = %s", item_id),
+        scalar(conn, "SELECT count(*) FROM shelf.inbox"),
+        scalar(conn, "SELECT count(*) FROM shelf.outbox"),
+    )
+
+
+def test_the_orm_write_the_inbox_row_and_the_outbox_row_commit_together_and_once(django_steps, conn) -> None:
+    from django.db import connection, transaction
+
+    connection.ensure_connection()
+    notices: list[str | None] = []
+    connection.connection.add_notice_handler(lambda notice: notices.append(notice.message_primary))
+    item_id = an_item(conn)
+    message = message_for("shelf.restock_in_django", Restock(item_id, 3))
+    assert deliver(restock_in_django, django_steps, message) is Outcome.OK
+    assert state(conn, item_id) == (3, 1, 1)
+    assert committed == [item_id]  # on_commit ran, after the commit
+    # A duplicate delivery changes nothing.
+    assert deliver(restock_in_django, django_steps, message) is Outcome.DUPLICATE
+    assert state(conn, item_id) == (3, 1, 1)
+    assert committed == [item_id]
+    # Django is as it was: autocommit on, its connection usable by the ORM.
+    assert transaction.get_autocommit() and not connection.in_atomic_block
+    assert connection.connection.info.transaction_status.name == "IDLE"
+    assert notices == []  # no "there is already a transaction in progress" in the server's log
+
+
+def test_a_failure_after_the_orm_write_rolls_back_the_write_the_inbox_row_and_the_outbox_row(
+    django_steps, conn
+) -> None:
+    from django.db import transaction
+
+    from examples.shelf_django.models import Item
+
+    item_id = an_item(conn)
+    with pytest.raises(RuntimeError, match="after the ORM write"):
+        deliver(restock_in_django, django_steps, message_for("shelf.restock_in_django", Restock(item_id, 13)))
+    assert state(conn, item_id) == (0, 0, 0)
+    assert committed == []  # no on_commit for a rollback
+    assert transaction.get_autocommit()
+    assert Item.objects.get(item_id=item_id).quantity == 0  # the ORM goes on working on that connection
+
+
+def test_a_step_in_another_database_than_djangos_is_refused(django_steps, conn, database_url: str) -> None:
+    import psycopg
+
+    from estafeta import django as es
+
+    other = psycopg.conninfo.make_conninfo(database_url, dbname="not_djangos")
+    elsewhere = Runtime(Settings(database_url=other, **TEST_SETTINGS), step_connections=es.step_connections())  # type: ignore[arg-type]
+    with pytest.raises(es.OtherDatabase, match="not_djangos"):
+        deliver(restock_in_django, elsewhere, message_for("shelf.restock_in_django", Restock(uuid.uuid4(), 1)))
