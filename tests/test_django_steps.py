@@ -12,9 +12,10 @@ import pytest
 from estafeta import App, Runtime, Service, Settings, StepContext
 from estafeta._steps import Outcome, deliver
 from examples.shelf import ItemAdded, Restock
+from sql import inbox
 
 from .conftest import TEST_SETTINGS
-from .helpers import message_for, scalar
+from .helpers import message_for, scalar, wait_until
 
 # The shelf's schema, seen by a Django project: a step of its own on the shelf service.
 shelf = Service("shelf", migrations=Path(__file__).parents[1] / "examples" / "shelf" / "migrations" / "shelf")
@@ -68,8 +69,13 @@ def django_steps(django_project: None, database_url: str, runtime: Runtime) -> I
 
 def an_item(conn: Any) -> uuid.UUID:
     item_id = uuid.uuid4()
-    conn.execute("INSERT INTO shelf.items (item_id, name, quantity) VALUES (%s, 'bolts', 0)", (item_id,))
+    conn.execute("INSERT INTO shelf.items (item_id, name, quantity) VALUES (%s, %s, 0)", (item_id, f"bolts {item_id}"))
     return item_id
+
+
+def clients(conn: Any) -> int:
+    query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    return int(scalar(conn, query))
 
 
 def state(conn: Any, item_id: uuid.UUID) -> tuple[int, int, int]:
@@ -126,3 +132,39 @@ def test_a_step_in_another_database_than_djangos_is_refused(django_steps, conn, 
     elsewhere = Runtime(Settings(database_url=other, **TEST_SETTINGS), step_connections=es.step_connections())  # type: ignore[arg-type]
     with pytest.raises(es.OtherDatabase, match="not_djangos"):
         deliver(restock_in_django, elsewhere, message_for("shelf.restock_in_django", Restock(uuid.uuid4(), 1)))
+
+
+def test_worker_threads_each_run_their_steps_on_their_own_django_connection(django_steps, conn) -> None:
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from estafeta import django as es
+
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    app.bind(broker, django_steps)
+    broker.add_middleware(es.CloseConnections())
+    items = [an_item(conn) for _ in range(8)]
+    messages = [message_for("shelf.restock_in_django", Restock(item_id, 2)) for item_id in items]
+    failing = message_for("shelf.restock_in_django", Restock(items[0], 13), max_retries=0)
+    before = clients(conn)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    try:
+        for message in [*messages, *messages, failing]:  # each twice: a duplicate delivery
+            broker.enqueue(message)
+        broker.join("shelf", timeout=60_000)
+        worker.join()
+    finally:
+        worker.stop()
+        broker.close()
+    assert scalar(conn, "SELECT array_agg(DISTINCT quantity) FROM shelf.items") == [2]
+    # The failing delivery rolled back its write and its outbox row, and was dead-lettered (its inbox row).
+    assert scalar(conn, "SELECT count(*) FROM shelf.inbox") == 9
+    assert [letter["message_id"] for letter in inbox.list_dead_letters(conn, "shelf")] == [failing.message_id]
+    assert scalar(conn, "SELECT count(*) FROM shelf.outbox") == 8
+    assert sorted(committed) == sorted(items)
+    # The threads' connections were closed as they stopped: with estafeta's pool closed too (the
+    # dead letter was written on it), the database is back to its clients before.
+    django_steps.close()
+    wait_until(lambda: clients(conn) == before, timeout=30, what="the worker threads' connections closed")

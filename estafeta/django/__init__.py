@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import dramatiq
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from .._saga import Saga
 
 __all__ = [
+    "CloseConnections",
     "NoTransaction",
     "OtherDatabase",
     "UnsupportedBackend",
@@ -173,6 +175,13 @@ def run_idempotent(
     return plan.drive(idempotency.plan_for(request), perform)
 
 
+class CloseConnections(dramatiq.Middleware):
+    """Close a worker thread's Django connections when the thread stops (workers with :func:`step_connections`)."""
+
+    def before_worker_thread_shutdown(self, broker: dramatiq.Broker, thread: Any) -> None:
+        connections.close_all()
+
+
 def step_connections(using: str = DEFAULT_DB_ALIAS) -> StepConnections:
     """Steps run on Django's connection of their worker thread: the ORM writes in the step's transaction.
 
@@ -180,6 +189,7 @@ def step_connections(using: str = DEFAULT_DB_ALIAS) -> StepConnections:
 
         runtime = Runtime(Settings.from_env(), step_connections=es.step_connections())
         broker = app.bind(runtime=runtime).broker
+        broker.add_middleware(es.CloseConnections())  # each worker thread's connection, at exit
 
     In each step Django's ``using`` database is in manual transaction management
     (``transaction.set_autocommit(False)``, Django's own API) on the very psycopg connection
