@@ -1,4 +1,4 @@
-"""The Django shelf end to end on RabbitMQ: its view under `django-admin runserver`, `estafeta relay`, workers."""
+"""The Django shelf end to end on RabbitMQ: its view under `django-admin runserver`, `estafeta relay`, its ORM step."""
 
 from __future__ import annotations
 
@@ -75,12 +75,13 @@ def test_the_django_view_places_items_that_reach_their_step_over_rabbitmq_once_e
             assert row is not None
             message_id, queue_name, actor_name, body = row
 
-            workers = processes.workers(env, tmp_path, module="examples.shelf.worker")
+            # The Django project's workers: Restock's step updates the Item through Django's ORM.
+            workers = processes.workers(web_env, tmp_path, module="examples.shelf_django.worker")
             relay = processes.relay(env, tmp_path)
             with processes.running(workers, relay):
                 wait_until(lambda: scalar(conn, "SELECT count(*) FROM shelf.inbox") >= 1, timeout=60, what="a step")
                 workers.kill(signal.SIGKILL)  # mid-flight: its unacknowledged messages come back
-                workers = processes.workers(env, tmp_path, module="examples.shelf.worker")
+                workers = processes.workers(web_env, tmp_path, module="examples.shelf_django.worker")
                 with processes.running(workers):
                     wait_until(
                         lambda: scalar(conn, "SELECT count(*) FROM shelf.items WHERE quantity = 1") == 10,
