@@ -168,3 +168,19 @@ def test_worker_threads_each_run_their_steps_on_their_own_django_connection(djan
     # dead letter was written on it), the database is back to its clients before.
     django_steps.close()
     wait_until(lambda: clients(conn) == before, timeout=30, what="the worker threads' connections closed")
+
+
+def test_a_worker_whose_django_closes_its_connection_after_each_step_is_warned_once(django_steps, conn, caplog) -> None:
+    from django.db import connections
+
+    from estafeta import django as es
+
+    settings_dict = connections["default"].settings_dict
+    settings_dict["CONN_MAX_AGE"] = 0  # Django's default: a connection per request, here per step
+    es._warned_max_age.discard("default")
+    items = [an_item(conn) for _ in range(2)]
+    for item_id in items:
+        deliver(restock_in_django, django_steps, message_for("shelf.restock_in_django", Restock(item_id, 1)))
+    warned = [r.getMessage() for r in caplog.records if "CONN_MAX_AGE" in r.getMessage()]
+    assert len(warned) == 1 and "every step opens a new connection" in warned[0]
+    assert scalar(conn, "SELECT sum(quantity) FROM shelf.items") == 2  # and the steps still work

@@ -25,6 +25,7 @@ Django's migrations never touch them (see ``docs/how-to/django.md`` for the orde
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,9 @@ from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedE
 from .._idempotency import Idempotency, IdempotentRequest, Step
 from .._problem import HttpResponse
 from .._runtime import StepConnections
+
+logger = logging.getLogger(__name__)
+_warned_max_age: set[str] = set()
 
 if TYPE_CHECKING:
     from .._app import Service
@@ -213,7 +217,14 @@ def _lent(database: Database, using: str) -> Iterator[psycopg.Connection[Any]]:
         raise UnsupportedBackend(f"database {using!r} is {wrapper.vendor}: estafeta needs PostgreSQL (psycopg 3)")
     if wrapper.in_atomic_block:
         raise TransactionManagementError("a step opens its own transaction: run it outside transaction.atomic()")
-    wrapper.close_if_unusable_or_obsolete()
+    if wrapper.settings_dict.get("CONN_MAX_AGE") == 0 and using not in _warned_max_age:
+        _warned_max_age.add(using)
+        logger.warning(
+            "Django's CONN_MAX_AGE of database %r is 0: every step opens a new connection;"
+            " set it in the workers' settings (None, or a few minutes with CONN_HEALTH_CHECKS)",
+            using,
+        )
+    wrapper.close_if_unusable_or_obsolete()  # the CONN_MAX_AGE rules of Django's requests
     transaction.set_autocommit(False, using=using)
     try:
         driver = wrapper.connection
