@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -225,15 +227,12 @@ def _lent(database: Database, using: str) -> Iterator[psycopg.Connection[Any]]:
             using,
         )
     wrapper.close_if_unusable_or_obsolete()  # the CONN_MAX_AGE rules of Django's requests
+    wrapper.ensure_connection()
+    driver = wrapper.connection
+    if not isinstance(driver, psycopg.Connection):
+        raise UnsupportedBackend(f"database {using!r} does not run on psycopg 3: estafeta needs it")
+    _check_same_database(driver, database, using)
     transaction.set_autocommit(False, using=using)
-    try:
-        driver = wrapper.connection
-        if not isinstance(driver, psycopg.Connection):
-            raise UnsupportedBackend(f"database {using!r} does not run on psycopg 3: estafeta needs it")
-        _check_same_database(driver, database, using)
-    except BaseException:
-        transaction.set_autocommit(True, using=using)
-        raise
     try:
         yield driver  # the step commits (or rolls back) its transaction on it
     except BaseException:
@@ -258,11 +257,42 @@ def _end(wrapper: Any, using: str, *, committed: bool) -> None:
         wrapper.close()  # a connection lost under the step: Django reconnects for the next one
 
 
+#: What says two connections reach one database: its name and its cluster's system identifier
+#: (one however the host is named, through a pooler too), or where the function is not
+#: granted, the server's address and port as the connection sees them.
+_IDENTITY = "SELECT current_database(), (SELECT system_identifier FROM pg_control_system())::text"
+_ADDRESS = "SELECT current_database(), inet_server_addr()::text || ' port ' || inet_server_port()"
+_identities: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_pool_identities: dict[str, tuple[Any, ...]] = {}
+_identities_lock = threading.Lock()
+
+
+def _identity(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    # Both ways on both connections: an identity and an address never compare equal.
+    try:
+        row = conn.execute(_IDENTITY).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        row = conn.execute(_ADDRESS).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
 def _check_same_database(driver: psycopg.Connection[Any], database: Database, using: str) -> None:
-    wanted = psycopg.conninfo.conninfo_to_dict(database.dsn)
-    found = (driver.info.dbname, driver.info.port)
-    if (wanted.get("dbname", found[0]), int(wanted.get("port", found[1]) or found[1])) != found:
+    # Asked once per Django connection and once per estafeta pool: not a round trip per step.
+    with _identities_lock:
+        django_side = _identities.get(driver)
+        estafeta_side = _pool_identities.get(database.dsn)
+    if django_side is None:
+        django_side = _identity(driver)  # in autocommit: Django's connection is idle
+        with _identities_lock:
+            _identities[driver] = django_side
+    if estafeta_side is None:
+        with database.connection() as conn:
+            estafeta_side = _identity(conn)
+        with _identities_lock:
+            _pool_identities[database.dsn] = estafeta_side
+    if django_side != estafeta_side:
         raise OtherDatabase(
             f"the step's service is in database {database.description}, Django's {using!r} is"
-            f" {found[0]!r} on port {found[1]}: its ORM could not write in the step's transaction"
+            f" {django_side[0]!r} ({django_side[1]}): its ORM could not write in the step's transaction"
         )
