@@ -26,6 +26,9 @@ DATABASES = {
         "PORT": _db.get("port", ""),
         "USER": _db.get("user", ""),
         "PASSWORD": _db.get("password", ""),
+        # 0 (Django's default) for the web; the worker module keeps each thread's connection.
+        "CONN_MAX_AGE": int(os.environ.get("DJANGO_CONN_MAX_AGE", "0")),
+        "CONN_HEALTH_CHECKS": True,
     }
 }
 SHELF_CAPACITY = int(os.environ.get("SHELF_CAPACITY", "1000"))

@@ -6,8 +6,12 @@
 
 from __future__ import annotations
 
+import os
+
 import django
 
+# A worker thread keeps its connection from step to step (settings.py reads it).
+os.environ.setdefault("DJANGO_CONN_MAX_AGE", "600")
 django.setup()
 
 from estafeta import Runtime, Settings  # noqa: E402

@@ -109,6 +109,7 @@ def test_the_django_view_places_items_that_reach_their_step_over_rabbitmq_once_e
                         timeout=60,
                         what="the duplicate absorbed",
                     )
+                    assert "CONN_MAX_AGE" not in workers.output()  # each worker thread kept its connection
             assert scalar(conn, "SELECT count(*) FROM shelf.items") == 10
             assert scalar(conn, "SELECT sum(quantity) FROM shelf.items") == 10  # no restock twice
             assert scalar(conn, "SELECT count(*) FROM shelf.inbox") == 10
