@@ -2,6 +2,7 @@
 
     python -m bench.step_cost [--orders 20] [--pings 20]
     python -m bench.step_cost --orm 200     # what an ORM session in a step adds (bench/orm_steps.py)
+    python -m bench.step_cost --django 200  # what Django's connection and ORM add (bench/django_steps.py)
 
 Deliveries run one at a time in this process (the order system's steps, a hand-driven
 courier moving outbox rows to them) on a pool of one connection per database, whose libpq
@@ -251,6 +252,110 @@ def run_orm(deliveries: int) -> tuple[dict[str, Cost], dict[str, tuple[float, fl
     return dict(costs), medians
 
 
+def run_django(deliveries: int) -> tuple[dict[str, Cost], dict[str, tuple[float, float]]]:
+    """Deliver ``deliveries`` messages to the steps of :mod:`bench.django_steps`; return the median times.
+
+    The wall time of a delivery and its CPU time in this process, for: the SQL step on
+    estafeta's pool, the same step on Django's connection (``step_connections``), and the
+    ORM step on Django's connection. Django keeps its connection (``CONN_MAX_AGE=None``), as
+    a worker should; the first delivery of each is a warm-up.
+    """
+    import statistics
+    import time
+
+    import django
+    from django.conf import settings as django_settings
+
+    from estafeta import django as es
+
+    from . import django_steps
+
+    def prepare(dsn: str) -> None:
+        runtime = Runtime(Settings(database_url=dsn))
+        runtime.migrate(django_steps.app.services)
+        runtime.close()
+
+    times: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    costs: dict[str, Cost] = collections.defaultdict(Cost)
+    with scratch_database(ADMIN_DSN, prepare) as dsn:
+        parts = psycopg.conninfo.conninfo_to_dict(dsn)
+        django_settings.configure(
+            DATABASES={
+                "default": {
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": parts.get("dbname"),
+                    "HOST": parts.get("host", ""),
+                    "PORT": parts.get("port", ""),
+                    "USER": parts.get("user", ""),
+                    "CONN_MAX_AGE": None,
+                }
+            },
+            INSTALLED_APPS=["estafeta.django", "examples.shelf_django"],
+            USE_TZ=True,
+        )
+        django.setup()
+        pooled = Runtime(Settings(database_url=dsn, pool_size=1))
+        on_django = Runtime(Settings(database_url=dsn), step_connections=es.step_connections())
+        item_id = uuid.uuid4()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO shelf.items (item_id, name) VALUES (%s, 'bench')", (item_id,))
+        steps = django_steps.app.steps
+        runs = [
+            ("SQL, estafeta's pool", "shelf.bench_by_sql", django_steps.BySql, pooled),
+            ("SQL, Django's connection", "shelf.bench_by_sql", django_steps.BySql, on_django),
+            ("Django ORM, Django's connection", "shelf.bench_by_django", django_steps.ByDjango, on_django),
+        ]
+        from django.db import connection as django_connection
+
+        for label, actor, kind, runtime in runs:
+            for n in range(deliveries + 1):
+                message = to_message_for(actor, kind(item_id, 1))
+                started, cpu = time.perf_counter(), time.process_time()
+                deliver(steps[actor], runtime, message)
+                if n:
+                    times[label].append((time.perf_counter() - started, time.process_time() - cpu))
+            # Counted on separate deliveries, from the libpq trace of the step's connection.
+            conn = django_connection.connection if runtime is on_django else None
+            for _ in range(min(deliveries, 20)):
+                message = to_message_for(actor, kind(item_id, 1))
+                with tempfile.TemporaryFile("w+") as out:
+                    if conn is None:
+                        with pooled.database("shelf").connection() as conn_of_pool:
+                            traced = conn_of_pool
+                    else:
+                        traced = conn
+                    traced.pgconn.trace(out.fileno())
+                    traced.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+                    try:
+                        deliver(steps[actor], runtime, message)
+                    finally:
+                        traced.pgconn.untrace()
+                    out.seek(0)
+                    costs[label].add(read_trace(out.read().splitlines()))
+        pooled.close()
+        on_django.close()
+        from django.db import connections
+
+        connections.close_all()
+    medians = {
+        label: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for label, ts in times.items()
+    }
+    return dict(costs), medians
+
+
+def report_django(costs: dict[str, Cost], medians: dict[str, tuple[float, float]]) -> str:
+    """A line per way of running the step: counts per delivery and the median wall and CPU times."""
+    header = f"{'step':34} {'statements':>10} {'round trips':>11} {'commits':>8} {'wall ms':>8} {'cpu ms':>7}"
+    lines = [header]
+    for label, cost in costs.items():
+        n, (wall, cpu) = cost.deliveries, medians[label]
+        lines.append(
+            f"{label:34} {cost.statements / n:>10.1f} {cost.round_trips / n:>11.1f} {cost.commits / n:>8.1f}"
+            f" {wall * 1000:>8.2f} {cpu * 1000:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
 def to_message_for(actor: str, command: Any) -> Any:
     """The message the relay would publish for ``command`` to ``actor``."""
     import dramatiq
@@ -301,7 +406,12 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=20)
     parser.add_argument("--pings", type=int, default=20)
     parser.add_argument("--orm", type=int, default=0, help="instead: deliveries per step of bench/orm_steps.py")
+    parser.add_argument("--django", type=int, default=0, help="instead: deliveries per step of bench/django_steps.py")
     args = parser.parse_args()
+    if args.django:
+        print(f"run {uuid.uuid4().hex[:6]}: {args.django} deliveries per step, one at a time")
+        print(report_django(*run_django(args.django)))
+        return
     if args.orm:
         print(f"run {uuid.uuid4().hex[:6]}: {args.orm} deliveries per step, one at a time")
         print(report_orm(*run_orm(args.orm)))

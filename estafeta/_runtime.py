@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
 
 from sql import embedded, migrate
 from sql.pool import Database
@@ -16,6 +19,10 @@ if TYPE_CHECKING:
     from ._locks import LockBackend
 
 logger = logging.getLogger(__name__)
+
+#: Where a step takes its connection from: given the pool of the step's service, a context
+#: manager lending an idle connection (see :class:`Runtime`).
+StepConnections = Callable[[Database], AbstractContextManager[psycopg.Connection[Any]]]
 
 
 class Migratable(Protocol):
@@ -37,8 +44,11 @@ class Runtime:
     pool is first used.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, step_connections: StepConnections | None = None) -> None:
         self.settings = settings
+        #: Where each step takes the connection of its transaction: the service's pool unless
+        #: given (``estafeta.django.step_connections`` lends Django's connection of the thread).
+        self.step_connections: StepConnections = step_connections or _pooled
         self._databases: dict[str, Database] = {}
         self._embedded_dsn: str | None = None
         self._locks: LockBackend | None = None
@@ -104,3 +114,7 @@ class Runtime:
             if self._locks is not None:
                 self._locks.close()
                 self._locks = None
+
+
+def _pooled(database: Database) -> AbstractContextManager[psycopg.Connection[Any]]:
+    return database.connection()

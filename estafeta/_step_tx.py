@@ -58,7 +58,9 @@ def begin(
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
-    ``conn`` must be an idle autocommit connection. On return it is inside the step's
+    ``conn`` must be idle: in autocommit, or not (Django's connection in a step, see
+    ``estafeta.django.step_connections``: psycopg opens the count's transaction itself, and
+    a ``BEGIN`` of ours would be a warning in the server's log). On return it is inside the step's
     transaction, after the inbox record (which forgot the count), the PostgreSQL lock on
     ``lock_key`` (if given, and only if the message is new: a duplicate takes none) and the
     savepoint. ``lock_timeout_ms`` bounds every wait: for a delivery of the same message
@@ -67,7 +69,8 @@ def begin(
     count itself gave up waiting.
     """
     with conn.pipeline():
-        conn.execute("BEGIN")
+        if conn.autocommit:
+            conn.execute("BEGIN")
         counted = conn.execute(
             query("count_attempt", schema), inbox.attempt_params(consumer, message_id, lock_timeout_ms)
         )

@@ -285,7 +285,7 @@ def _run(
     in_transaction_lock = spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     with (
         contextlib.ExitStack() as after_transaction,
-        database.connection() as conn,
+        runtime.step_connections(database) as conn,
         translate_errors(database.description),
         step_tx.rolled_back_on_error(conn),
     ):

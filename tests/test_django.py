@@ -146,7 +146,7 @@ def test_djangos_migrations_and_estafetas_coexist_in_either_order(dj, runtime: R
 
 
 def test_the_view_places_an_item_once_and_rolls_back_a_failure_after_the_orm_write(dj, conn, monkeypatch) -> None:
-    from django.test import RequestFactory
+    from django.test import RequestFactory, override_settings
 
     from examples.shelf_django import views
 
@@ -168,3 +168,9 @@ def test_the_view_places_an_item_once_and_rolls_back_a_failure_after_the_orm_wri
         post('"k2"', "bolts")
     assert counts(conn)[:2] == (1, 1)
     assert scalar(conn, "SELECT count(*) FROM shelf.idempotency_keys") == 1
+    # A refusal after the ORM write and the send (the shelf is full) rolls both back, and is the key's answer.
+    with override_settings(SHELF_CAPACITY=1):
+        full, again = post('"k3"', "washers"), post('"k3"', "washers")
+    assert (full.status_code, again.status_code, again["Idempotent-Replayed"]) == (409, 409, "true")
+    assert counts(conn)[:2] == (1, 1)
+    assert scalar(conn, "SELECT count(*) FROM shelf.idempotency_keys") == 2

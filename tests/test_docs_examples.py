@@ -53,6 +53,7 @@ SKETCHES = {
     ("docs/how-to/eventsourcing-library.md", "env = {"),
     ("docs/how-to/eventsourcing-library.md", "with psycopg.connect(dsn) as conn:  # one transaction"),
     ("docs/how-to/eventsourcing-library.md", "@bank.step(Deposit, lock=lambda c: c.account_id)"),
+    ("docs/how-to/django.md", "import django"),
 }
 SHELL = {"sh", "bash", "shell", "console"}
 

@@ -24,10 +24,15 @@ Django's migrations never touch them (see ``docs/how-to/django.md`` for the orde
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import uuid
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import dramatiq
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -35,17 +40,24 @@ from django.db.transaction import TransactionManagementError
 
 from sql import plan
 from sql.errors import EstafetaError
+from sql.pool import Database
 
 from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from .._idempotency import Idempotency, IdempotentRequest, Step
 from .._problem import HttpResponse
+from .._runtime import StepConnections
+
+logger = logging.getLogger(__name__)
+_warned_max_age: set[str] = set()
 
 if TYPE_CHECKING:
     from .._app import Service
     from .._saga import Saga
 
 __all__ = [
+    "CloseConnections",
     "NoTransaction",
+    "OtherDatabase",
     "UnsupportedBackend",
     "append_events",
     "connection",
@@ -53,11 +65,16 @@ __all__ = [
     "run_idempotent",
     "send",
     "start_saga",
+    "step_connections",
 ]
 
 
 class UnsupportedBackend(EstafetaError, ImproperlyConfigured):
     """This database alias is not PostgreSQL on psycopg 3: estafeta writes through psycopg 3 only."""
+
+
+class OtherDatabase(EstafetaError, ImproperlyConfigured):
+    """A step's service lives in another database than Django's: its ORM cannot share the step's transaction."""
 
 
 class NoTransaction(EstafetaError, TransactionManagementError):
@@ -162,3 +179,120 @@ def run_idempotent(
         return None
 
     return plan.drive(idempotency.plan_for(request), perform)
+
+
+class CloseConnections(dramatiq.Middleware):
+    """Close a worker thread's Django connections when the thread stops (workers with :func:`step_connections`)."""
+
+    def before_worker_thread_shutdown(self, broker: dramatiq.Broker, thread: Any) -> None:
+        connections.close_all()
+
+
+def step_connections(using: str = DEFAULT_DB_ALIAS) -> StepConnections:
+    """Steps run on Django's connection of their worker thread: the ORM writes in the step's transaction.
+
+    Give it to the worker's runtime::
+
+        runtime = Runtime(Settings.from_env(), step_connections=es.step_connections())
+        broker = app.bind(runtime=runtime).broker
+        broker.add_middleware(es.CloseConnections())  # each worker thread's connection, at exit
+
+    In each step Django's ``using`` database is in manual transaction management
+    (``transaction.set_autocommit(False)``, Django's own API) on the very psycopg connection
+    that holds the step's inbox record and outbox rows: what the step writes with the ORM
+    commits with them, or not at all. A step's ``transaction.atomic()`` is a savepoint in
+    it; ``transaction.on_commit`` callbacks (registered inside ``atomic``) run after the
+    step's commit, and not when it rolls back. Autocommit is back on once the step ends.
+    The step's service must live in Django's database (:class:`OtherDatabase` otherwise).
+    """
+
+    def lend(database: Database) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+        return _lent(database, using)
+
+    return lend
+
+
+@contextlib.contextmanager
+def _lent(database: Database, using: str) -> Iterator[psycopg.Connection[Any]]:
+    wrapper = connections[using]
+    if wrapper.vendor != "postgresql":
+        raise UnsupportedBackend(f"database {using!r} is {wrapper.vendor}: estafeta needs PostgreSQL (psycopg 3)")
+    if wrapper.in_atomic_block:
+        raise TransactionManagementError("a step opens its own transaction: run it outside transaction.atomic()")
+    if wrapper.settings_dict.get("CONN_MAX_AGE") == 0 and using not in _warned_max_age:
+        _warned_max_age.add(using)
+        logger.warning(
+            "Django's CONN_MAX_AGE of database %r is 0: every step opens a new connection;"
+            " set it in the workers' settings (None, or a few minutes with CONN_HEALTH_CHECKS)",
+            using,
+        )
+    wrapper.close_if_unusable_or_obsolete()  # the CONN_MAX_AGE rules of Django's requests
+    wrapper.ensure_connection()
+    driver = wrapper.connection
+    if not isinstance(driver, psycopg.Connection):
+        raise UnsupportedBackend(f"database {using!r} does not run on psycopg 3: estafeta needs it")
+    _check_same_database(driver, database, using)
+    transaction.set_autocommit(False, using=using)
+    try:
+        yield driver  # the step commits (or rolls back) its transaction on it
+    except BaseException:
+        _end(wrapper, using, committed=False)
+        raise
+    _end(wrapper, using, committed=True)
+
+
+def _end(wrapper: Any, using: str, *, committed: bool) -> None:
+    # The step's COMMIT or ROLLBACK has been sent: these only bring Django's bookkeeping
+    # along (the driver has no transaction open, so nothing more reaches the server), and
+    # autocommit back on runs the on_commit callbacks of a commit.
+    try:
+        if committed:
+            transaction.commit(using=using)
+        else:
+            transaction.rollback(using=using)
+        transaction.set_autocommit(True, using=using)
+    except Exception:
+        if committed:
+            raise
+        wrapper.close()  # a connection lost under the step: Django reconnects for the next one
+
+
+#: What says two connections reach one database: its name and its cluster's system identifier
+#: (one however the host is named, through a pooler too), or where the function is not
+#: granted, the server's address and port as the connection sees them.
+_IDENTITY = "SELECT current_database(), (SELECT system_identifier FROM pg_control_system())::text"
+_ADDRESS = "SELECT current_database(), inet_server_addr()::text || ' port ' || inet_server_port()"
+_identities: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_pool_identities: dict[str, tuple[Any, ...]] = {}
+_identities_lock = threading.Lock()
+
+
+def _identity(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    # Both ways on both connections: an identity and an address never compare equal.
+    try:
+        row = conn.execute(_IDENTITY).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        row = conn.execute(_ADDRESS).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _check_same_database(driver: psycopg.Connection[Any], database: Database, using: str) -> None:
+    # Asked once per Django connection and once per estafeta pool: not a round trip per step.
+    with _identities_lock:
+        django_side = _identities.get(driver)
+        estafeta_side = _pool_identities.get(database.dsn)
+    if django_side is None:
+        django_side = _identity(driver)  # in autocommit: Django's connection is idle
+        with _identities_lock:
+            _identities[driver] = django_side
+    if estafeta_side is None:
+        with database.connection() as conn:
+            estafeta_side = _identity(conn)
+        with _identities_lock:
+            _pool_identities[database.dsn] = estafeta_side
+    if django_side != estafeta_side:
+        raise OtherDatabase(
+            f"the step's service is in database {database.description}, Django's {using!r} is"
+            f" {django_side[0]!r} ({django_side[1]}): its ORM could not write in the step's transaction"
+        )

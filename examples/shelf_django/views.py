@@ -12,6 +12,7 @@ import json
 import uuid
 
 from django import http
+from django.conf import settings
 from django.views.decorators.http import require_POST
 
 from estafeta import HttpResponse, IdempotentRequest, Problem, parse_idempotency_key
@@ -19,6 +20,17 @@ from estafeta import django as es
 from examples.shelf import Restock, idempotency, shelf
 
 from .models import Item
+
+#: How many items the shelf holds (``SHELF_CAPACITY`` in the settings): a placement past it is
+#: refused (409), after its write.
+CAPACITY = 1000
+
+
+class ShelfFull(Problem):
+    """The shelf holds no more items."""
+
+    status = 409
+    title = "The shelf is full"
 
 
 @require_POST  # type: ignore[untyped-decorator]
@@ -38,6 +50,11 @@ def place_item(request: http.HttpRequest) -> http.HttpResponse:
             item_id = uuid.uuid4()
             Item.objects.create(item_id=item_id, name=json.loads(order.body)["name"])
             es.send(shelf, Restock(item_id, 1))
+            # Checked after the write, on what this transaction sees: a refusal rolls back
+            # the item and the command, and is the key's answer from now on.
+            capacity = getattr(settings, "SHELF_CAPACITY", CAPACITY)
+            if Item.objects.count() > capacity:
+                raise ShelfFull(f"the shelf holds {capacity} items")
             return HttpResponse.json(201, {"item_id": str(item_id)})
 
         answer = es.run_idempotent(idempotency, order, place)
