@@ -48,14 +48,18 @@ def with_port(url: str, port: int) -> str:
 
 
 @contextlib.contextmanager
-def private_rabbitmq() -> Iterator[tuple[str, Callable[..., None]]]:
-    """A RabbitMQ node of this test's own (never the shared one): its URL and its ``rabbitmqctl``."""
+def private_rabbitmq(*, host: str = "127.0.0.1", netns: str | None = None) -> Iterator[tuple[str, Callable[..., None]]]:
+    """A RabbitMQ node of this test's own (never the shared one): its URL and its ``rabbitmqctl``.
+
+    With ``netns``, the node (and its own epmd, on that namespace's loopback) runs inside
+    that network namespace, listening for AMQP on ``host``; ``rabbitmqctl`` runs there too.
+    """
     server, ctl = RABBITMQ_BIN / "rabbitmq-server", RABBITMQ_BIN / "rabbitmqctl"
     require("RabbitMQ (a private node)", server.exists() and ctl.exists(), f"no {server}")
     home = Path(tempfile.mkdtemp(prefix="estafeta-rabbit-"))
     port, dist_port = free_port(), free_port()
     node = f"estafeta-{uuid.uuid4().hex[:8]}@localhost"
-    (home / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n")
+    (home / "rabbitmq.conf").write_text(f"listeners.tcp.local = {host}:{port}\nloopback_users = none\n")
     (home / "enabled_plugins").write_text("[].\n")
     (home / "env.conf").write_text("")
     env = {
@@ -70,16 +74,21 @@ def private_rabbitmq() -> Iterator[tuple[str, Callable[..., None]]]:
         "RABBITMQ_CONF_ENV_FILE": str(home / "env.conf"),
         "RABBITMQ_ENABLED_PLUGINS_FILE": str(home / "enabled_plugins"),
         "RABBITMQ_PID_FILE": str(home / "pid"),
+        # Inside a namespace, 127.0.0.1 is that namespace's own loopback: the node starts an
+        # epmd of its own there, and rabbitmqctl (run in the same namespace) finds it.
         "ERL_EPMD_ADDRESS": "127.0.0.1",
     }
+    prefix = ["ip", "netns", "exec", netns] if netns else []
 
     def rabbitmqctl(*args: str) -> None:
-        subprocess.run([str(ctl), "-q", "-n", node, *args], env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [*prefix, str(ctl), "-q", "-n", node, *args], env=env, check=True, capture_output=True, timeout=120
+        )
 
-    subprocess.run([str(server), "-detached"], env=env, check=True, capture_output=True, timeout=60)
+    subprocess.run([*prefix, str(server), "-detached"], env=env, check=True, capture_output=True, timeout=60)
     try:
         rabbitmqctl("wait", str(home / "pid"), "--timeout", "90")
-        yield f"amqp://guest:guest@127.0.0.1:{port}/%2F", rabbitmqctl
+        yield f"amqp://guest:guest@{host}:{port}/%2F", rabbitmqctl
     finally:
         with contextlib.suppress(subprocess.SubprocessError):
             rabbitmqctl("stop")
