@@ -10,6 +10,8 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage
 
+from .liveness import with_liveness
+
 #: URL schemes ``broker_from_url`` understands.
 SCHEMES = ("stub", "amqp", "amqps", "redis", "rediss", "kafka")
 
@@ -100,7 +102,8 @@ def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
     """A Dramatiq broker for ``url``: ``stub://``, ``amqp://...``, ``redis://...[?namespace=prefix]`` or ``kafka://...``.
 
     RabbitMQ brokers confirm every publish (``confirm_delivery``), so a message the
-    broker did not take raises instead of vanishing. Every broker carries the
+    broker did not take raises instead of vanishing. RabbitMQ and Redis connections get
+    the timeouts of :mod:`brokers.liveness` unless the URL sets them. Every broker carries the
     ``CurrentMessage`` middleware, which steps need to read their message id.
     """
     check_url(url)
@@ -116,7 +119,7 @@ def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
     elif scheme in ("amqp", "amqps"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-        broker = RabbitmqBroker(url=url, confirm_delivery=True, **options)
+        broker = RabbitmqBroker(url=with_liveness(url), confirm_delivery=True, **options)
     else:
         from dramatiq.brokers.redis import RedisBroker
 
@@ -124,7 +127,7 @@ def broker_from_url(url: str, **options: Any) -> dramatiq.Broker:
         url, _ = _split_query(url, "wait")  # the relay's business (wait_replicas), not redis-py's
         if namespace:
             options.setdefault("namespace", namespace)
-        broker = RedisBroker(url=url, **options)  # type: ignore[no-untyped-call]
+        broker = RedisBroker(url=with_liveness(url), **options)  # type: ignore[no-untyped-call]
     if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
         broker.add_middleware(CurrentMessage())
     return broker

@@ -47,8 +47,11 @@ class RedisServer:
         assert binary is not None
         log = (self.directory / f"redis-{self.port}.log").open("ab")
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        # Off loopback (a namespace's address), protected mode would refuse every client.
+        unprotected = ["--protected-mode", "no"] if self.netns else []
+        argv = [binary, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no"]
         self.process = subprocess.Popen(
-            [*prefix, binary, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no"],
+            [*prefix, *argv, *unprotected],
             cwd=self.directory,
             stdout=log,
             stderr=subprocess.STDOUT,
