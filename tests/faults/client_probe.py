@@ -1,6 +1,6 @@
 """A client of one server, driven line by line from stdin, run inside a namespace of the fault harness.
 
-``python -m tests.faults.client_probe postgres|redis|rabbitmq URL``, then one command a
+``python -m tests.faults.client_probe postgres|redis|rabbitmq|kafka URL``, then one command a
 line; each answer is one JSON line ``{"command", "ok", "seconds", "error"}``. The clients
 are estafeta's own, configured as estafeta configures them (``sql.pool.Database``, the
 brokers of ``brokers.broker_from_url`` and Dramatiq's consumers on them), so the test
@@ -8,7 +8,8 @@ measures what a worker or a relay would live through.
 
 Commands: ``query SQL`` (PostgreSQL: one statement on the pool), ``consume`` (Redis and
 RabbitMQ: Dramatiq's consumer of a queue, iterated until it fails or ``seconds`` pass),
-``ping`` (one round trip, on a connection opened before when there is one).
+``enqueue`` (Kafka: one message, acknowledged), ``ping`` (one round trip, on a connection
+opened before when there is one).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _postgres(url: str) -> Any:
 
 
 def _broker(url: str) -> Any:
+    import dramatiq
+
     from brokers import broker_from_url
 
     broker = broker_from_url(url)
@@ -60,6 +63,8 @@ def _broker(url: str) -> Any:
                     consumer.close()
         elif command == "ping":
             _ping(broker)
+        elif command == "enqueue":  # Kafka: produce one message and wait for its acknowledgement
+            broker.enqueue(dramatiq.Message(queue_name="probe", actor_name="probe", args=(), kwargs={}, options={}))
         else:
             raise ValueError(f"unknown command {command!r}")
 

@@ -195,3 +195,29 @@ def test_a_rabbitmq_consumer_on_a_silent_cut_fails_within_the_bound_and_consumes
         _silent_cut_fails_in_time(net, client, worker, mq_node, "consume", BROKER_BOUND["amqp"])
         net.heal(worker, mq_node)
         client.until_ok("consume 2", timeout=60)
+
+
+def test_a_kafka_produce_into_a_silent_cut_fails_within_the_delivery_timeout_and_works_after_the_heal(
+    net: Network,
+) -> None:
+    from brokers.kafka import DELIVERY_TIMEOUT
+
+    from ..kafka_server import running_tansu, with_topic_prefix
+
+    kafka_node, worker = net.add("kafka"), net.add("worker")
+    with (
+        running_tansu(netns=kafka_node.netns, host=kafka_node.address) as server,
+        probe(worker, "kafka", with_topic_prefix(server.url)) as client,
+    ):
+        client.send("enqueue")
+        assert client.answer(60)["ok"]
+        net.cut(worker, kafka_node)
+        # librdkafka reports the record by message.timeout.ms (the delivery timeout) at the latest.
+        client.send("enqueue")
+        answer = client.answer(DELIVERY_TIMEOUT + 5 + MARGIN)
+        assert not answer["ok"], answer
+        print(f"an enqueue into the cut failed after {answer['seconds']:.1f} s: {answer['error']}")
+        net.heal(worker, kafka_node)
+        healed = time.monotonic()
+        client.until_ok("enqueue", timeout=60)
+        print(f"enqueues work again {time.monotonic() - healed:.1f} s after the heal")
