@@ -13,6 +13,13 @@ fails within a bounded time and the caller reconnects:
   probe a connection that waits for an answer or sits idle in the pool.
 
 Together: a connection cut off silently fails within :data:`SILENT_FAILURE_BOUND` seconds.
+
+The server needs the same on its side (:func:`server_settings`, set on every pooled
+connection): otherwise the session of a client that vanished keeps its transaction open,
+and its row locks held, until the server's own TCP timeout (2 hours of keepalive idle by
+default), blocking every transaction that needs those rows after the network heals. With
+them, the server ends that session within the same bound, also in the middle of a
+statement (``client_connection_check_interval``, PostgreSQL 14 and later).
 A DSN that sets any of these keywords itself keeps its own value (so does a
 ``PGCONNECT_TIMEOUT`` environment variable, for ``connect_timeout``); libpq ignores them
 on Unix-domain sockets, where no network can be cut.
@@ -55,3 +62,21 @@ def with_liveness(dsn: str) -> str:
     if not missing:
         return dsn
     return conninfo.make_conninfo(dsn, **missing)
+
+
+#: The server's side of the same timeouts, for the session (``set_config``).
+SERVER_LIVENESS: dict[str, str] = {
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+
+
+def server_settings(server_version: int) -> dict[str, str]:
+    """The session settings that make the server notice a silent client (``server_version`` as libpq reports it)."""
+    settings = dict(SERVER_LIVENESS)
+    if server_version >= 140000:
+        # A statement in progress (a lock wait, a long query) checks that its client is still there.
+        settings["client_connection_check_interval"] = "5s"
+    return settings

@@ -14,7 +14,7 @@ from psycopg import conninfo, pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
-from .liveness import with_liveness
+from .liveness import server_settings, with_liveness
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +97,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
+    settings = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT}
+    settings.update(server_settings(conn.info.server_version))
     conn.execute(
-        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-        (IDLE_IN_TRANSACTION_TIMEOUT,),
+        "SELECT set_config(name, value, false) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
+        (list(settings), list(settings.values())),
     )
 
 

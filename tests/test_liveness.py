@@ -59,3 +59,18 @@ def test_the_brokers_built_from_urls_carry_the_timeouts() -> None:
     kwargs = redis.client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
     assert kwargs["socket_timeout"] == 5 and kwargs["socket_keepalive"] is True
     assert kwargs["health_check_interval"] == 15
+
+
+def test_pooled_connections_ask_the_server_to_notice_a_silent_client(database_url: str) -> None:
+    db = Database(database_url)
+    try:
+        with db.connection() as conn:
+            shown = {
+                name: conn.execute(f"SHOW {name}").fetchone()[0] for name in ("tcp_user_timeout", "tcp_keepalives_idle")
+            }
+            assert shown == {"tcp_user_timeout": "30000", "tcp_keepalives_idle": "10"}
+            if conn.info.server_version >= 140000:
+                assert conn.execute("SHOW client_connection_check_interval").fetchone()[0] == "5s"
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0] == "1min"
+    finally:
+        db.close()

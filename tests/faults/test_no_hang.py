@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from brokers.liveness import SILENT_FAILURE_BOUND as BROKER_BOUND
@@ -30,7 +31,7 @@ from sql.liveness import SILENT_FAILURE_BOUND as POSTGRES_BOUND
 
 from ..pg_servers import private_postgres
 from ..redis_servers import redis_servers
-from .network import Network, Node
+from .network import Network, Node, inside
 
 pytestmark = [pytest.mark.heavy, pytest.mark.integration]
 
@@ -160,6 +161,35 @@ def test_a_statement_sent_into_a_silent_cut_fails_within_the_bound(net: Network)
         print(f"a statement into the cut failed after {answer['seconds']:.1f} s: {answer['error']}")
         net.heal(app, db_node)
         client.until_ok("ping", timeout=60)
+
+
+def test_the_server_ends_the_session_of_a_client_cut_off_silently_and_frees_its_locks(net: Network) -> None:
+    # The client's statement holds a lock while it runs; then the client vanishes without a
+    # word. Without estafeta's server-side settings the session runs on (here for an hour),
+    # lock held, and every transaction that needs the lock waits after the heal as well.
+    db_node, app, observer = net.add("db"), net.add("app"), net.add("observer")
+    with (
+        private_postgres(netns=db_node.netns, host=db_node.address) as server,
+        probe(app, "postgres", server.dsn()) as client,
+    ):
+        client.send("query SELECT pg_advisory_xact_lock(42), pg_sleep(3600)")
+        with inside(observer):
+            conn = psycopg.connect(server.dsn(), autocommit=True)
+        held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 42 AND granted"
+        with conn:
+            deadline = time.monotonic() + 60
+            while conn.execute(held).fetchone() != (1,):
+                assert time.monotonic() < deadline, "the client never took its lock"
+                time.sleep(0.1)
+            net.cut(app, db_node)
+            cut_at = time.monotonic()
+            while conn.execute(held).fetchone() != (0,):
+                waited = time.monotonic() - cut_at
+                assert waited < POSTGRES_BOUND + MARGIN, (
+                    f"the cut-off client's session still holds its lock after {waited:.0f} s"
+                )
+                time.sleep(0.5)
+            print(f"the server ended the cut-off session {time.monotonic() - cut_at:.1f} s after the cut")
 
 
 def test_a_redis_consumer_on_a_silent_cut_fails_within_the_bound_and_consumes_again_after_the_heal(
