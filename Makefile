@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-heavy unit integration lint typecheck bench clean docs docs-serve system-deps
+.PHONY: demo test test-heavy chaos unit integration lint typecheck bench clean docs docs-serve system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,15 @@ test-heavy: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
 	$(BIN)/pytest -m heavy
 
-## The Debian packages the suite needs that pip cannot install: Chromium, chromedriver, Prometheus.
+## The network fault suite (tests/faults: partitions, one-way cuts and packet loss between
+## components in network namespaces; needs root and nftables), printing what each fault did.
+## Faults last 60 s here (past every client's timeout; CI's run: 10 s); CHAOS_SEED=N
+## replays a run's order of faults, CHAOS_FAULT_SECONDS=N changes their length.
+chaos: $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
+	CHAOS_FAULT_SECONDS=$${CHAOS_FAULT_SECONDS:-60} $(BIN)/pytest tests/faults -s
+
+## The Debian packages the suite needs that pip cannot install: Chromium, chromedriver, Prometheus, nftables.
 system-deps:
 	scripts/system-deps.sh
 

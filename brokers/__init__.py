@@ -10,6 +10,8 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage
 
+from .liveness import with_liveness
+
 #: URL schemes ``broker_from_url`` understands.
 SCHEMES = ("stub", "amqp", "amqps", "redis", "rediss", "kafka")
 
@@ -124,7 +126,8 @@ def broker_from_url(
     RabbitMQ brokers confirm every publish (``confirm_delivery``), so a message the
     broker did not take raises instead of vanishing, and declare their queues as
     ``queue_type`` says (``classic``: Dramatiq's own; ``quorum``: replicated, with
-    ``delivery_limit``; see :mod:`brokers.rabbitmq_queues`). Every broker carries the
+    ``delivery_limit``; see :mod:`brokers.rabbitmq_queues`). RabbitMQ and Redis connections
+    get the timeouts of :mod:`brokers.liveness` unless the URL sets them. Every broker carries the
     ``CurrentMessage`` middleware, which steps need to read their message id.
     """
     check_url(url)
@@ -145,7 +148,10 @@ def broker_from_url(
         declarations = QueueDeclarations(queue_type, delivery_limit, options.pop("max_priority", None))
         # Several hosts: pika tries them in order, on every (re)connection.
         broker = QueueTypedRabbitmqBroker(
-            url=amqp_urls(url), confirm_delivery=True, declarations=declarations, **options
+            url=[with_liveness(one) for one in amqp_urls(url)],
+            confirm_delivery=True,
+            declarations=declarations,
+            **options,
         )
     else:
         from dramatiq.brokers.redis import RedisBroker
@@ -154,7 +160,7 @@ def broker_from_url(
         url, _ = _split_query(url, "wait")  # the relay's business (wait_replicas), not redis-py's
         if namespace:
             options.setdefault("namespace", namespace)
-        broker = RedisBroker(url=url, **options)  # type: ignore[no-untyped-call]
+        broker = RedisBroker(url=with_liveness(url), **options)  # type: ignore[no-untyped-call]
     if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
         broker.add_middleware(CurrentMessage())
     return broker

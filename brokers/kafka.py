@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from dramatiq.common import current_millis, dq_name, xq_name
 
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
+from .kafka_records import PRODUCER_FAILURES
 
 # What the consumer and the publisher share with the broker; its names stay importable from here.
 from .kafka_records import Headers as Headers
@@ -165,10 +166,13 @@ class KafkaBroker(dramatiq.Broker):
             self._raise_for(delivery.error, topic)
 
     def _raise_for(self, error: KafkaError, topic: str) -> NoReturn:
-        if error.fatal():
+        # The producer's state, not the record's (a fenced or fatally failed producer
+        # refuses every later record): a fresh producer gets a new producer id.
+        broken = error.fatal() or error.code() in PRODUCER_FAILURES
+        if broken:
             self._reset_producer()
         text = f"Kafka did not take a record for {topic!r}: {error.str()}"
-        if is_unreachable(error) or error.fatal():
+        if is_unreachable(error) or broken:
             raise KafkaUnreachable(text)
         raise KafkaRefused(text)
 

@@ -25,7 +25,7 @@ from sql.outbox import OutboxRow
 
 from .batches import PublishOutcome, after_refusals, describe, encode
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
-from .kafka_records import message_headers
+from .kafka_records import PRODUCER_FAILURES, message_headers
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, error_text, is_unreachable
 
 if TYPE_CHECKING:
@@ -35,22 +35,6 @@ logger = logging.getLogger(__name__)
 
 #: The name the relay's producer carries on the broker.
 CLIENT_ID = "estafeta-relay"
-
-#: Delivery errors that are the producer's state, never the record's: the producer is
-#: replaced and the rows stay pending without an attempt counted (a broker that lost the
-#: producer's sequences after a restart reports them; purges come from dropping it).
-PRODUCER_FAILURES = {
-    KafkaError._FATAL,
-    KafkaError._PURGE_QUEUE,
-    KafkaError._PURGE_INFLIGHT,
-    KafkaError._DESTROY,
-    KafkaError._INCONSISTENT,
-    KafkaError._GAPLESS_GUARANTEE,
-    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-    KafkaError.UNKNOWN_PRODUCER_ID,
-    KafkaError.INVALID_PRODUCER_EPOCH,
-    KafkaError.INVALID_PRODUCER_ID_MAPPING,
-}
 
 
 class _Batch:

@@ -9,6 +9,25 @@ from __future__ import annotations
 from typing import Any
 
 import dramatiq.errors
+from confluent_kafka import KafkaError
+
+#: Delivery errors that are the producer's state, never the record's: the producer is
+#: replaced and the rows stay pending without an attempt counted (a broker that lost the
+#: producer's sequences after a restart reports them; purges come from dropping it).
+PRODUCER_FAILURES = {
+    KafkaError._FATAL,
+    KafkaError._PURGE_QUEUE,
+    KafkaError._PURGE_INFLIGHT,
+    KafkaError._DESTROY,
+    KafkaError._INCONSISTENT,
+    KafkaError._GAPLESS_GUARANTEE,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING,
+    # After a silent network cut (tests/faults), Tansu answers the old producer with this.
+    KafkaError.PRODUCER_FENCED,
+}
 
 #: Kafka record headers, as confluent-kafka takes and returns them.
 Headers = list[tuple[str, str | bytes | None]]

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 
 from sql import event_store, projection_store
+from sql.liveness import with_liveness
 
 from . import _projection_ops as ops
 from ._projections import BatchResult, Projector
@@ -84,7 +85,7 @@ class WakeListener(threading.Thread):
         while not self.stop.is_set():
             try:
                 with psycopg.connect(
-                    self.dsn, autocommit=True, application_name="estafeta-projections-listener"
+                    with_liveness(self.dsn), autocommit=True, application_name="estafeta-projections-listener"
                 ) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(event_store.WAKE_CHANNEL)))
                     failures = 0
@@ -168,7 +169,7 @@ def run_projector(
     while not stop.is_set():
         try:
             with psycopg.connect(
-                dsn, autocommit=True, application_name=f"estafeta-projector:{projector.checkpoint_name}"
+                with_liveness(dsn), autocommit=True, application_name=f"estafeta-projector:{projector.checkpoint_name}"
             ) as conn:
                 # A standby keeps its connection and asks again every poll interval.
                 while not _take_lock(conn, projector.lock_key):

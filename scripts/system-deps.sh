@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The system packages the test suite needs that pip cannot provide, from Debian's archive:
 # Chromium and its driver (the operator console's browser test drives Debian's Chromium,
-# never a downloaded browser) and Prometheus (promtool checks the alert rules; a real
-# Prometheus scrapes workers and a relay). Installs only what is missing; needs root and
-# apt-get. Used by `make system-deps` and by .ci/run.
+# never a downloaded browser), Prometheus (promtool checks the alert rules; a real
+# Prometheus scrapes workers and a relay) and nftables (the network fault tests drop packets
+# with `nft`, only inside network namespaces they create). Installs only what is missing;
+# needs root and apt-get. Used by `make system-deps` and by .ci/run.
 set -euo pipefail
 
 missing=()
@@ -12,6 +13,7 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
   missing+=(prometheus)
 fi
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -22,4 +24,5 @@ fi
 echo "system-deps: installing ${missing[*]} (apt-get)"
 apt-get update -qq
 # The prometheus package's own service is not needed: tests start Prometheus themselves.
+# nftables' service is never enabled here: no rule ever goes into the machine's own namespace.
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -16,6 +16,7 @@ from psycopg import conninfo, pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
+from .liveness import server_settings, with_liveness
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +131,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
+    settings = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT}
+    settings.update(server_settings(conn.info.server_version))
     conn.execute(
-        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-        (IDLE_IN_TRANSACTION_TIMEOUT,),
+        "SELECT set_config(name, value, false) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
+        (list(settings), list(settings.values())),
     )
 
 
@@ -144,10 +147,12 @@ class Database:
     """
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 10.0) -> None:
-        self.dsn = dsn
+        #: What every connection to this database uses: ``dsn`` with estafeta's timeouts
+        #: for a silent network (:mod:`sql.liveness`) where it sets none of its own.
+        self.dsn = with_liveness(dsn)
         self.description = describe_dsn(dsn)
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            dsn,
+            self.dsn,
             min_size=min_size,
             max_size=max_size,
             timeout=timeout,
@@ -211,6 +216,6 @@ class Database:
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """One connection outside any pool (for LISTEN, migrations and tests)."""
+    """One connection outside any pool (for LISTEN, migrations and tests), with :mod:`sql.liveness`'s timeouts."""
     with translate_errors(describe_dsn(dsn)):
-        return psycopg.connect(dsn, autocommit=autocommit)
+        return psycopg.connect(with_liveness(dsn), autocommit=autocommit)

@@ -58,21 +58,25 @@ def tansu_binary() -> str:
 class Tansu:
     """One Tansu process on ``127.0.0.1:port``, storing everything in memory (a restart starts empty)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, host: str = "127.0.0.1", netns: str | None = None) -> None:
         self.binary = tansu_binary()
         self.port = port or free_port()
+        #: Where it listens, and the network namespace it runs in (the network fault tests').
+        self.host = host
+        self.netns = netns
         self.log = Path(tempfile.mkdtemp(prefix="estafeta-tansu-")) / "tansu.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         """``kafka://127.0.0.1:port`` with quick consumer groups."""
-        return f"kafka://127.0.0.1:{self.port}?{FAST_CONSUMERS}"
+        return f"kafka://{self.host}:{self.port}?{FAST_CONSUMERS}"
 
     def start(self, timeout: float = 30) -> None:
         """Start it and wait until it accepts connections."""
-        listener = f"tcp://127.0.0.1:{self.port}"
-        argv = [self.binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener]
+        listener = f"tcp://{self.host}:{self.port}"
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        argv = [*prefix, self.binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [*argv, "--storage-engine", "memory://tansu/"],
@@ -81,7 +85,7 @@ class Tansu:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
-        while not _port_open(self.port):
+        while not _port_open(self.port, self.host, self.netns):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 require("Kafka (Tansu)", False, f"Tansu did not start: {self.output()[-500:]}")
             time.sleep(0.05)
@@ -107,16 +111,19 @@ class Tansu:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def _port_open(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+def _port_open(port: int, host: str = "127.0.0.1", netns: str | None = None) -> bool:
+    if netns:  # a namespace's address is reachable only from inside it
+        probe = f"exec 3<>/dev/tcp/{host}/{port}"
+        return subprocess.run(["ip", "netns", "exec", netns, "bash", "-c", probe], capture_output=True).returncode == 0
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
         return True
     return False
 
 
 @contextlib.contextmanager
-def running_tansu(port: int | None = None) -> Iterator[Tansu]:
-    """A Tansu of the caller's own, stopped afterwards."""
-    server = Tansu(port)
+def running_tansu(port: int | None = None, *, host: str = "127.0.0.1", netns: str | None = None) -> Iterator[Tansu]:
+    """A Tansu of the caller's own (in ``netns``, on ``host``, if given), stopped afterwards."""
+    server = Tansu(port, host=host, netns=netns)
     server.start()
     try:
         yield server

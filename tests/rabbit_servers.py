@@ -38,13 +38,16 @@ def free_port() -> int:
 class RabbitNode:
     """One private RabbitMQ node: start it, kill it (SIGKILL), start it again, stop its app."""
 
-    def __init__(self, home: Path, name: str) -> None:
+    def __init__(self, home: Path, name: str, *, address: str = "127.0.0.1", netns: str | None = None) -> None:
         self.home = home
+        self.address = address
+        #: Commands run inside this network namespace (the fault harness's), when given.
+        self.prefix = ["ip", "netns", "exec", netns] if netns else []
         self.node = f"{name}@localhost"
         self.port, self.dist_port = free_port(), free_port()
         base = home / name
         base.mkdir(parents=True)
-        (base / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\nloopback_users = none\n")
+        (base / "rabbitmq.conf").write_text(f"listeners.tcp.local = {address}:{self.port}\nloopback_users = none\n")
         (base / "enabled_plugins").write_text("[].\n")
         (base / "env.conf").write_text("")
         self.pid_file = base / "pid"
@@ -61,29 +64,31 @@ class RabbitNode:
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
             "RABBITMQ_PID_FILE": str(self.pid_file),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": ERL_ARGS,
+            # Inside a namespace, 127.0.0.1 is that namespace's own loopback: the node starts an
+            # epmd of its own there, and rabbitmqctl (run in the same namespace) finds it.
             "ERL_EPMD_ADDRESS": "127.0.0.1",
         }
 
     def url(self, vhost: str = "%2F") -> str:
         """An AMQP URL of this node (guest/guest)."""
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/{vhost}"
+        return f"amqp://guest:guest@{self.address}:{self.port}/{vhost}"
 
     @property
     def host(self) -> str:
-        """``127.0.0.1:port``, for a URL naming several nodes."""
-        return f"127.0.0.1:{self.port}"
+        """``address:port``, for a URL naming several nodes."""
+        return f"{self.address}:{self.port}"
 
     def ctl(self, *args: str, timeout: float = 120) -> str:
         """``rabbitmqctl -n <node> args``; its output."""
         done = subprocess.run(
-            [str(RABBITMQ_BIN / "rabbitmqctl"), "-q", "-n", self.node, *args],
+            [*self.prefix, str(RABBITMQ_BIN / "rabbitmqctl"), "-q", "-n", self.node, *args],
             env=self.env, check=True, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         return done.stdout
 
     def start(self) -> None:
         """Start the node (detached); :meth:`wait` for it."""
-        subprocess.run([str(RABBITMQ_BIN / "rabbitmq-server"), "-detached"], env=self.env, check=True,
+        subprocess.run([*self.prefix, str(RABBITMQ_BIN / "rabbitmq-server"), "-detached"], env=self.env, check=True,
                        capture_output=True, timeout=60)  # fmt: skip
 
     def wait(self) -> None:
@@ -132,11 +137,11 @@ def _home() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def private_rabbitmq_node() -> Iterator[RabbitNode]:
-    """A RabbitMQ node of this test's own."""
+def private_rabbitmq_node(*, address: str = "127.0.0.1", netns: str | None = None) -> Iterator[RabbitNode]:
+    """A RabbitMQ node of this test's own; with ``netns``, inside that network namespace, on ``address``."""
     _require_binaries()
     with _home() as home:
-        node = RabbitNode(home, f"estafeta-{uuid.uuid4().hex[:8]}")
+        node = RabbitNode(home, f"estafeta-{uuid.uuid4().hex[:8]}", address=address, netns=netns)
         node.start()
         try:
             node.wait()

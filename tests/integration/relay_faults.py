@@ -45,9 +45,13 @@ def with_port(url: str, port: int) -> str:
 
 
 @contextlib.contextmanager
-def private_rabbitmq() -> Iterator[tuple[str, Callable[..., None]]]:
-    """A RabbitMQ node of this test's own (never the shared one): its URL and its ``rabbitmqctl``."""
-    with private_rabbitmq_node() as node:
+def private_rabbitmq(*, host: str = "127.0.0.1", netns: str | None = None) -> Iterator[tuple[str, Callable[..., None]]]:
+    """A RabbitMQ node of this test's own (never the shared one): its URL and its ``rabbitmqctl``.
+
+    With ``netns``, the node (and its own epmd, on that namespace's loopback) runs inside
+    that network namespace, listening for AMQP on ``host``; ``rabbitmqctl`` runs there too.
+    """
+    with private_rabbitmq_node(address=host, netns=netns) as node:
 
         def rabbitmqctl(*args: str) -> None:
             node.ctl(*args)

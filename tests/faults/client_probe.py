@@ -1,0 +1,100 @@
+"""A client of one server, driven line by line from stdin, run inside a namespace of the fault harness.
+
+``python -m tests.faults.client_probe postgres|redis|rabbitmq|kafka URL``, then one command a
+line; each answer is one JSON line ``{"command", "ok", "seconds", "error"}``. The clients
+are estafeta's own, configured as estafeta configures them (``sql.pool.Database``, the
+brokers of ``brokers.broker_from_url`` and Dramatiq's consumers on them), so the test
+measures what a worker or a relay would live through.
+
+Commands: ``query SQL`` (PostgreSQL: one statement on the pool), ``consume`` (Redis and
+RabbitMQ: Dramatiq's consumer of a queue, iterated until it fails or ``seconds`` pass),
+``enqueue`` (Kafka: one message, acknowledged), ``ping`` (one round trip, on a connection
+opened before when there is one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+
+def _postgres(url: str) -> Any:
+    from sql.pool import Database
+
+    db = Database(url, min_size=1, max_size=2, timeout=10)
+
+    def run(command: str, argument: str) -> None:
+        if command == "query":
+            with db.connection() as conn:
+                conn.execute(argument).fetchall()
+        elif command == "ping":
+            with db.connection() as conn:
+                conn.execute("SELECT 1")
+        else:
+            raise ValueError(f"unknown command {command!r}")
+
+    return run
+
+
+def _broker(url: str) -> Any:
+    import dramatiq
+
+    from brokers import broker_from_url
+
+    broker = broker_from_url(url)
+    broker.declare_queue("probe")
+
+    def run(command: str, argument: str) -> None:
+        if command == "consume":
+            # Iterate Dramatiq's own consumer (what a worker's consumer thread does) for
+            # ``argument`` seconds; a dead connection makes it raise.
+            until = time.monotonic() + float(argument or 3600)
+            consumer = broker.consume("probe", prefetch=1, timeout=200)
+            try:
+                while time.monotonic() < until:
+                    next(consumer)
+            finally:
+                with contextlib.suppress(Exception):  # closing a dead connection may fail as well
+                    consumer.close()
+        elif command == "ping":
+            _ping(broker)
+        elif command == "enqueue":  # Kafka: produce one message and wait for its acknowledgement
+            broker.enqueue(dramatiq.Message(queue_name="probe", actor_name="probe", args=(), kwargs={}, options={}))
+        else:
+            raise ValueError(f"unknown command {command!r}")
+
+    return run
+
+
+def _ping(broker: Any) -> None:
+    client = getattr(broker, "client", None)
+    if client is not None:  # Redis
+        client.ping()
+    else:  # RabbitMQ: declaring an existing queue is one round trip on the broker's channel
+        broker.channel.queue_declare("probe", durable=True, passive=True)
+
+
+def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a hung client waits
+    kind, url = sys.argv[1], sys.argv[2]
+    run = _postgres(url) if kind == "postgres" else _broker(url)
+    print(json.dumps({"command": "ready", "ok": True}), flush=True)
+    for line in sys.stdin:
+        command, _, argument = line.strip().partition(" ")
+        started = time.monotonic()
+        error = None
+        try:
+            run(command, argument)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        answer = {"command": command, "ok": error is None, "seconds": time.monotonic() - started, "error": error}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
