@@ -51,10 +51,16 @@ def test_broker_urls_get_their_scheme_s_defaults_and_keep_their_own() -> None:
 
 
 def test_the_brokers_built_from_urls_carry_the_timeouts() -> None:
-    rabbit = broker_from_url("amqp://guest:guest@127.0.0.1:5672/%2F")
-    parameters = rabbit.parameters  # type: ignore[attr-defined]
-    assert isinstance(parameters, pika.URLParameters)
-    assert parameters.heartbeat == 15 and parameters.blocked_connection_timeout == 30
+    for url, hosts in (
+        ("amqp://guest:guest@127.0.0.1:5672/%2F", 1),
+        ("amqp://g:g@127.0.0.1:5672,127.0.0.1:5673/%2F", 2),
+    ):
+        rabbit = broker_from_url(url)
+        parameters = rabbit.parameters  # type: ignore[attr-defined]
+        assert len(parameters) == hosts  # one URL per node: pika tries them in order
+        for one in parameters:
+            assert isinstance(one, pika.URLParameters)
+            assert one.heartbeat == 15 and one.blocked_connection_timeout == 30
     redis = broker_from_url("redis://127.0.0.1:6379/0?namespace=x")
     kwargs = redis.client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
     assert kwargs["socket_timeout"] == 5 and kwargs["socket_keepalive"] is True
