@@ -55,13 +55,15 @@ def locked(runtime: Runtime, lock_tables: str, lock_url: str) -> Iterator[Runtim
     rt.close()
 
 
-def charge_concurrently(runtime: Runtime, spec: StepSpec, order_id: uuid.UUID, threads: int = 8) -> list[str]:
+def charge_concurrently(
+    runtime: Runtime, spec: StepSpec, order_id: uuid.UUID, threads: int = 8, think_ms: int = 30
+) -> list[str]:
     """``threads`` different messages charging ``order_id``, delivered at the same instant."""
     barrier = threading.Barrier(threads)
     outcomes: list[str] = []
 
     def run() -> None:
-        message = message_for(spec.actor_name, Charge(order_id, think_ms=30))
+        message = message_for(spec.actor_name, Charge(order_id, think_ms=think_ms))
         barrier.wait()
         outcomes.append(deliver(spec, runtime, message))
 
@@ -89,7 +91,9 @@ def test_without_the_lock_the_same_deliveries_charge_several_times(
     # The control of the test above: the scenario really races, so "once" is the lock's doing.
     order_id = uuid.uuid4()
     open_account(conn, order_id, 1000)
-    charge_concurrently(runtime, CHARGE_UNLOCKED, order_id)
+    # A wide window between the check and the charge: on a loaded machine the threads reach it
+    # spread out, and 30 ms could let them pass one after another (seen: 1 charge).
+    charge_concurrently(runtime, CHARGE_UNLOCKED, order_id, think_ms=500)
     assert charges(conn) > 1
 
 

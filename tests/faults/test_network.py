@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ..helpers import wait_until
 from .network import NETNS_DIR, PREFIX, Network, Node, inside, network, remove_leftovers
 
 
@@ -125,6 +126,16 @@ def test_closing_the_network_kills_its_processes_and_removes_every_namespace() -
     with network() as net:
         node = net.add("a")
         sleeper = subprocess.Popen(node.command("sleep", "600"))
+        # Until `ip netns exec` has entered the namespace, the process is not in it (a loaded
+        # machine shows the gap): close kills what is in its namespaces.
+        wait_until(
+            lambda: (
+                str(sleeper.pid)
+                in subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split()
+            ),
+            timeout=30,
+            what="the sleeper to enter its namespace",
+        )
         names = [path.name for path in NETNS_DIR.glob(f"{net.prefix}*")]
         assert sorted(names) == sorted([net.hub, node.netns])
     assert sleeper.wait(10) == -9
