@@ -7,6 +7,7 @@ cancels; exactly one of them wins, and the loser says so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -27,6 +28,7 @@ from estafeta import (
     MessageBeingPublished,
     Runtime,
     ScheduledMessageRefused,
+    aio,
     cancel,
     reschedule,
 )
@@ -215,3 +217,22 @@ def test_the_cli_lists_cancels_and_reschedules_and_refuses_with_exit_2(database_
         refused = run(env, "outbox", *args)
         assert refused.returncode == 2 and error in refused.stderr, refused.stderr
     assert [r["message_id"] for r in json.loads(run(env, "outbox", "scheduled", "--json").stdout)] == [str(second)]
+
+
+def test_async_code_cancels_and_reschedules_with_the_same_refusals(database_url: str, runtime: Runtime, conn):
+    moved = _send(runtime, delay=timedelta(hours=1))
+    dropped = _send(runtime, delay=timedelta(hours=1))
+    when = datetime(2040, 1, 1, tzinfo=UTC)
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as aconn:
+            async with aconn.transaction():
+                await aio.reschedule(aconn, SERVICE, moved, when)
+                await aio.cancel(aconn, SERVICE, dropped)
+            async with aconn.transaction():
+                with pytest.raises(MessageAlreadyPublished, match="cannot cancel"):
+                    await aio.cancel(aconn, SERVICE, dropped)
+
+    asyncio.run(main())
+    assert scalar(conn, "SELECT available_at FROM pingpong.outbox WHERE message_id = %s", moved) == when
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox WHERE message_id = %s", dropped) == 0
