@@ -1,14 +1,18 @@
-"""``estafeta outbox``: what is waiting, what failed, and putting failed rows back."""
+"""``estafeta outbox``: what is waiting, what failed, putting failed rows back, and moving scheduled ones."""
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import click
 
-from sql import inbox
+from sql import inbox, plan
 from sql import outbox as store
+from sql.errors import MessageAlreadyPublished, ScheduledMessageRefused
 
 from .context import current
 
@@ -140,6 +144,91 @@ def retry_command(row_id: int | None, retry_all: bool, services: tuple[str, ...]
         with runtime.database(name).connection() as conn:
             total += len(store.retry_failed(conn, name, row_id))
     click.echo(f"{total} row(s) back to pending")
+
+
+@outbox_group.command("scheduled")
+@_service_option
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=100, show_default=True, help="At most this many per service."
+)
+@_json_option
+def scheduled_command(services: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """Messages sent with a delay or for a time that is not here yet, soonest first.
+
+    MESSAGE_ID is the id `send(..., delay=/at=)` returned: `estafeta outbox cancel` and
+    `estafeta outbox reschedule` take it. Times are the service's clock.
+    """
+    runtime = current().runtime
+    found = []
+    for name in _services(services):
+        with runtime.database(name).connection() as conn:
+            found += [{"service": name, **_asdict(row)} for row in store.list_scheduled(conn, name, limit)]
+    found.sort(key=lambda row: row["available_at"])
+    if as_json:
+        click.echo(json.dumps(found, default=str))
+        return
+    for row in found:
+        kind = row["message_type"] or row["actor_name"]
+        click.echo(f"{row['available_at']:%Y-%m-%d %H:%M:%S%z}  {row['service']}  {row['message_id']}  {kind}")
+    if not found:
+        click.echo("no scheduled messages")
+
+
+def _parse_at(value: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 time (2026-12-24T18:00:00+01:00)") from None
+    if at.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no time zone: add one (+00:00, Z)")
+    return at
+
+
+def _change(services: tuple[str, ...], message_id: uuid.UUID, change: Callable[[str], plan.Plan[None]]) -> str:
+    """Run ``change`` in the service whose outbox holds ``message_id``; return that service."""
+    runtime = current().runtime
+    names = _services(services)
+    for name in names:
+        try:
+            with runtime.database(name).transaction() as conn:
+                plan.run(conn, change(name))
+            return name
+        except MessageAlreadyPublished:
+            continue
+        except ScheduledMessageRefused as refused:
+            raise click.BadParameter(str(refused), param_hint="MESSAGE_ID") from None
+    raise click.BadParameter(
+        f"message {message_id} is in no outbox of {', '.join(names)}: already published, cancelled, or never sent",
+        param_hint="MESSAGE_ID",
+    )
+
+
+@outbox_group.command("cancel")
+@click.argument("message_id", type=click.UUID)
+@_service_option
+def cancel_command(message_id: uuid.UUID, services: tuple[str, ...]) -> None:
+    """Take a message that waits in an outbox (MESSAGE_ID, as `estafeta outbox scheduled` shows it) out of it.
+
+    Refused (exit 2) once a relay is publishing it or it was published: exactly one of
+    the cancel and the publish wins.
+    """
+    name = _change(services, message_id, lambda schema: store.cancel_plan(schema, message_id))
+    click.echo(f"cancelled message {message_id} in {name}'s outbox")
+
+
+@outbox_group.command("reschedule")
+@click.argument("message_id", type=click.UUID)
+@click.option("--at", "at", required=True, help="The new time, ISO 8601 with a time zone (2026-12-24T18:00:00Z).")
+@_service_option
+def reschedule_command(message_id: uuid.UUID, at: str, services: tuple[str, ...]) -> None:
+    """Make a waiting message (MESSAGE_ID) due at another time, by the service's clock.
+
+    A time already past makes it due now. Refused (exit 2) once a relay is publishing it
+    or it was published.
+    """
+    when = _parse_at(at)
+    name = _change(services, message_id, lambda schema: store.reschedule_plan(schema, message_id, when))
+    click.echo(f"message {message_id} in {name}'s outbox now due at {when.isoformat()}")
 
 
 def _has_failed_row(runtime: Any, service: str, row_id: int) -> bool:

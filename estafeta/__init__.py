@@ -28,6 +28,9 @@ from sql.errors import (
     DatabaseUnavailable,
     EstafetaError,
     LockNotAcquired,
+    MessageAlreadyPublished,
+    MessageBeingPublished,
+    ScheduledMessageRefused,
     StaleFencingToken,
     StatementFailed,
 )
@@ -49,7 +52,7 @@ from ._idempotency import (
     parse_idempotency_key,
 )
 from ._messages import from_json, to_json
-from ._outbox import Address
+from ._outbox import Address, cancel, reschedule
 from ._problem import PROBLEM_JSON, HttpResponse, Problem
 from ._projections import OnBadEvent, Projection, ProjectionContext, Projector, handles
 from ._projector_run import run_projectors
@@ -99,6 +102,8 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockServerUnavailable",
+    "MessageAlreadyPublished",
+    "MessageBeingPublished",
     "OnBadEvent",
     "Outcome",
     "Problem",
@@ -118,6 +123,7 @@ __all__ = [
     "SagaState",
     "SagaStep",
     "SagaTransition",
+    "ScheduledMessageRefused",
     "Service",
     "Settings",
     "SettingsError",
@@ -131,12 +137,14 @@ __all__ = [
     "Watchdog",
     "applies",
     "build_relay",
+    "cancel",
     "deliver",
     "from_json",
     "handles",
     "load_app",
     "parse_idempotency_key",
     "redis_lock",
+    "reschedule",
     "run_projectors",
     "running",
     "to_json",

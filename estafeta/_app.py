@@ -13,6 +13,7 @@ import importlib
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,10 +180,20 @@ class Service:
 
         It goes to the one step of the app that handles its type (or ``to=Address(...)``).
         The row commits or rolls back with the caller's other changes; the relay publishes
-        it after the commit. Options: ``delay``, ``ordering_key``, ``saga_id``,
-        ``message_id``, ``options``, ``traceparent``.
+        it after the commit. Options: ``delay`` (seconds or a ``timedelta``) or ``at`` (a
+        timezone-aware instant) to hold it until then, ``ordering_key``, ``saga_id``,
+        ``message_id``, ``options``, ``traceparent``. The returned id is what
+        :meth:`cancel` and :meth:`reschedule` take while it waits.
         """
         return outbox.send(conn, command, service=self.name, router=self.router, **options)
+
+    def cancel(self, conn: psycopg.Connection[Any], message_id: uuid.UUID) -> None:
+        """Take the message :meth:`send` returned ``message_id`` for out of the outbox (:func:`estafeta.cancel`)."""
+        outbox.cancel(conn, message_id, service=self.name)
+
+    def reschedule(self, conn: psycopg.Connection[Any], message_id: uuid.UUID, at: datetime) -> None:
+        """Make the waiting message ``message_id`` due at ``at`` instead (:func:`estafeta.reschedule`)."""
+        outbox.reschedule(conn, message_id, at, service=self.name)
 
     def publish(self, conn: psycopg.Connection[Any], event: Any, **options: Any) -> list[uuid.UUID]:
         """Write ``event`` once for every step of the app subscribed to its type; return the message ids.

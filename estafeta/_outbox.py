@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -55,6 +55,7 @@ def send_plan(
     router: Router,
     to: Address | None = None,
     delay: timedelta | float | None = None,
+    at: datetime | None = None,
     ordering_key: str | None = None,
     saga_id: uuid.UUID | None = None,
     message_id: uuid.UUID | None = None,
@@ -64,7 +65,9 @@ def send_plan(
     """Write ``command`` for the one step of ``router`` that handles its type (or for ``to``); return its message id.
 
     ``message_id`` makes a re-send deduplicable by the receiver's inbox; ``delay``
-    (seconds or a ``timedelta``) holds it in the outbox until then; rows sharing an
+    (seconds or a ``timedelta``) or ``at`` (a timezone-aware instant, by the service's
+    clock) holds it in the outbox until then, where :func:`cancel` and :func:`reschedule`
+    find it by the returned id; rows sharing an
     ``ordering_key`` reach the broker in commit order. The row's ``traceparent`` is its
     ``create`` span's context: a child of the current span, or of ``traceparent`` when
     no span is current (see :mod:`estafeta._tracing`).
@@ -78,8 +81,13 @@ def send_plan(
                 " use publish() for events"
             )
         to = Address(handlers[0].actor_name, handlers[0].queue_name)
+    if at is not None:
+        if delay is not None:
+            raise ValueError("send() takes delay= or at=, not both")
+        if at.tzinfo is None:
+            raise ValueError(f"send(at={at!r}): give a timezone-aware datetime (e.g. tzinfo=UTC)")
     message_id = message_id or uuid.uuid4()
-    yield from _write(service, to, command, message_id, delay, ordering_key, saga_id, options, traceparent)
+    yield from _write(service, to, command, message_id, at or delay, ordering_key, saga_id, options, traceparent)
     return message_id
 
 
@@ -119,6 +127,28 @@ def publish_plan(
     return ids
 
 
+def cancel(conn: psycopg.Connection[Any], message_id: uuid.UUID, *, service: str) -> None:
+    """Take the message ``send`` returned ``message_id`` for out of ``service``'s outbox, in ``conn``'s transaction.
+
+    Exactly one of a cancel and the relay's publish wins: a relay's claim holds the row
+    until the broker confirmed it, and the cancel skips a held row instead of waiting.
+    Raises :class:`~estafeta.MessageBeingPublished` when a relay is publishing it now and
+    :class:`~estafeta.MessageAlreadyPublished` when it is gone (published, cancelled,
+    or never sent). The caller's commit makes the cancel final.
+    """
+    plan.run(conn, store.cancel_plan(service, message_id))
+
+
+def reschedule(conn: psycopg.Connection[Any], message_id: uuid.UUID, at: datetime, *, service: str) -> None:
+    """Make the message ``message_id`` of ``service``'s outbox due at ``at`` instead, in ``conn``'s transaction.
+
+    ``at`` is timezone-aware and read on the service's clock (``clock_now()``); a time
+    already past makes it due now. Refuses as :func:`cancel` does, and with
+    :class:`~estafeta.ScheduledMessageRefused` for a row whose publish failed for good.
+    """
+    plan.run(conn, store.reschedule_plan(service, message_id, at))
+
+
 def message_type(kind: type) -> str:
     """The name an outbox row records for a message class: ``module.Class`` (``actors.orders.ConfirmOrder``)."""
     return f"{kind.__module__}.{kind.__qualname__}"
@@ -129,7 +159,7 @@ def _write(
     to: Address,
     body: Any,
     message_id: uuid.UUID,
-    delay: timedelta | float | None,
+    delay: timedelta | float | datetime | None,
     ordering_key: str | None,
     saga_id: uuid.UUID | None,
     options: Mapping[str, Any] | None,
@@ -139,6 +169,7 @@ def _write(
     message_options: dict[str, Any] = dict(options or {})
     if saga_id is not None:
         message_options["saga_id"] = str(saga_id)
+    at = delay if isinstance(delay, datetime) else None
     if isinstance(delay, int | float):
         delay = timedelta(seconds=delay)
     # The row stores its creation context: the `create` span's, never the relay's.
@@ -154,7 +185,8 @@ def _write(
                 options=message_options,
                 ordering_key=ordering_key,
                 saga_id=saga_id,
-                delay=delay or timedelta(0),
+                delay=delay if isinstance(delay, timedelta) else timedelta(0),
+                at=at,
                 message_type=message_type(type(body)),
             ),
         )

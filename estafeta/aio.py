@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from sql import outbox as store
 from sql.plan import NeedsSyncConnection, run_async
 
 from . import _outbox as outbox
@@ -40,7 +42,9 @@ __all__ = [
     "AsyncHandler",
     "NeedsSyncConnection",
     "append_events",
+    "cancel",
     "publish",
+    "reschedule",
     "run_idempotent",
     "send",
     "start_saga",
@@ -58,6 +62,16 @@ async def send(conn: psycopg.AsyncConnection[Any], service: Service, command: An
 async def publish(conn: psycopg.AsyncConnection[Any], service: Service, event: Any, **options: Any) -> list[uuid.UUID]:
     """:meth:`Service.publish <estafeta.Service.publish>` on an async connection: a row per subscriber."""
     return await run_async(conn, outbox.publish_plan(event, service=service.name, router=service.router, **options))
+
+
+async def cancel(conn: psycopg.AsyncConnection[Any], service: Service, message_id: uuid.UUID) -> None:
+    """:meth:`Service.cancel <estafeta.Service.cancel>` on an async connection: the same refusals."""
+    await run_async(conn, store.cancel_plan(service.name, message_id))
+
+
+async def reschedule(conn: psycopg.AsyncConnection[Any], service: Service, message_id: uuid.UUID, at: datetime) -> None:
+    """:meth:`Service.reschedule <estafeta.Service.reschedule>` on an async connection: the same refusals."""
+    await run_async(conn, store.reschedule_plan(service.name, message_id, at))
 
 
 async def start_saga(conn: psycopg.AsyncConnection[Any], saga: Saga, data: Any, **options: Any) -> uuid.UUID:

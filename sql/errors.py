@@ -70,3 +70,15 @@ class LockNotAcquired(EstafetaError):
 
 class StaleFencingToken(EstafetaError):
     """A newer lock holder exists: this write carries an outdated fencing token."""
+
+
+class ScheduledMessageRefused(EstafetaError):
+    """The outbox row cannot be cancelled or rescheduled."""
+
+
+class MessageAlreadyPublished(ScheduledMessageRefused):
+    """The message is not in the outbox: already published (or cancelled, or never sent)."""
+
+
+class MessageBeingPublished(ScheduledMessageRefused):
+    """A relay is publishing the message right now (it holds its outbox row): too late to change it."""

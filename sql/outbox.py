@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from . import plan
-from .errors import StandbysBehind
+from .errors import MessageAlreadyPublished, MessageBeingPublished, ScheduledMessageRefused, StandbysBehind
 from .queries import query
 
 #: The channel a committed outbox write NOTIFYs (payload: the schema) to wake relays.
@@ -39,6 +39,8 @@ class OutgoingMessage:
     saga_id: uuid.UUID | None = None
     #: Not published before this much time has passed after the commit.
     delay: timedelta = timedelta(0)
+    #: Not published before this instant (by the schema's clock); overrides ``delay``.
+    at: datetime | None = None
     #: What the message is: its command or event class, ``module.Class`` (``None``: unknown).
     message_type: str | None = None
 
@@ -89,6 +91,7 @@ def insert_statement(schema: str, message: OutgoingMessage) -> plan.Statement:
         "ordering_key": message.ordering_key,
         "saga_id": message.saga_id,
         "delay": message.delay,
+        "at": message.at,
         "message_type": message.message_type,
         "channel": WAKE_CHANNEL,
         "schema_name": schema,
@@ -197,6 +200,79 @@ def seconds_until_next_due(conn: psycopg.Connection[Any], schema: str) -> float 
     """Seconds until the next delayed or backing-off row becomes due; ``None`` if there is none."""
     row = conn.execute(query("next_due", schema)).fetchone()
     return None if row is None or row[0] is None else max(float(row[0]), 0.0)
+
+
+@attrs.frozen
+class ScheduledRow:
+    """A pending outbox row whose time (``send(..., delay=/at=)``) is not here yet."""
+
+    #: The id ``send`` returned: what cancel and reschedule take.
+    message_id: uuid.UUID
+    #: The row's id (as ``estafeta outbox failed`` shows ids).
+    id: int
+    queue_name: str
+    actor_name: str
+    #: The command's class, ``module.Class`` (``None``: written before types were recorded).
+    message_type: str | None
+    ordering_key: str | None
+    saga_id: uuid.UUID | None
+    created_at: datetime
+    #: When the relay publishes it, by the schema's clock.
+    available_at: datetime
+
+
+def list_scheduled(conn: psycopg.Connection[Any], schema: str, limit: int = 100) -> list[ScheduledRow]:
+    """``schema``'s rows waiting for their time, soonest first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("list_scheduled", schema), {"limit": limit})
+        return [ScheduledRow(**row) for row in cur.fetchall()]
+
+
+def cancel_plan(schema: str, message_id: uuid.UUID) -> plan.Plan[None]:
+    """Delete the row of ``message_id`` from ``schema``'s outbox, in the caller's transaction.
+
+    Raises :class:`MessageBeingPublished` when a relay holds the row (it is being
+    published now) and :class:`MessageAlreadyPublished` when there is no row. Never waits
+    for a relay's lock. Until the caller commits, relays skip the row; a rollback puts it back.
+    """
+    done = yield plan.Statement(query("cancel_outbox", schema), {"message_id": message_id}, plan.Fetch.ROWS)
+    if not done.rows:
+        yield from _refuse(schema, message_id, "cancel")
+
+
+def reschedule_plan(schema: str, message_id: uuid.UUID, at: datetime) -> plan.Plan[None]:
+    """Make the pending row of ``message_id`` due at ``at`` (by the schema's clock), in the caller's transaction.
+
+    Refuses as :func:`cancel_plan` does, and with :class:`ScheduledMessageRefused` for a
+    row that failed (``estafeta outbox retry`` puts those back). ``at`` in the past makes
+    it due now.
+    """
+    if at.tzinfo is None:
+        raise ValueError(f"reschedule to {at!r}: give a timezone-aware datetime (e.g. tzinfo=UTC)")
+    params = {"message_id": message_id, "at": at, "channel": WAKE_CHANNEL, "schema_name": schema}
+    done = yield plan.Statement(query("reschedule_outbox", schema), params, plan.Fetch.ROWS)
+    if not done.rows:
+        yield from _refuse(schema, message_id, "reschedule")
+
+
+def _refuse(schema: str, message_id: uuid.UUID, what: str) -> plan.Plan[None]:
+    """Raise the reason ``what`` found no row of ``message_id`` it could change."""
+    found = yield plan.Statement(query("outbox_row_status", schema), {"message_id": message_id}, plan.Fetch.ROWS)
+    row = found.first()
+    if row is None:
+        raise MessageAlreadyPublished(
+            f"cannot {what} message {message_id}: not in {schema}'s outbox"
+            " (already published, cancelled, or never sent)"
+        )
+    if row[0] == "failed":
+        raise ScheduledMessageRefused(
+            f"cannot {what} message {message_id}: its publish failed for good; cancel it, or"
+            " `estafeta outbox retry` its row"
+        )
+    raise MessageBeingPublished(
+        f"cannot {what} message {message_id}: already being published (a relay holds its row right now;"
+        " or another transaction is changing it)"
+    )
 
 
 def delete_published(conn: psycopg.Connection[Any], schema: str, ids: Sequence[int]) -> None:

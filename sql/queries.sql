@@ -8,7 +8,7 @@ WITH inserted AS (
         (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at, message_type)
     VALUES
         (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
-         {schema}.clock_now() + %(delay)s::interval, %(message_type)s)
+         coalesce(%(at)s::timestamptz, {schema}.clock_now() + %(delay)s::interval), %(message_type)s)
     RETURNING id
 )
 SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
@@ -169,6 +169,41 @@ WHERE gaps.id < claimed.id
 
 -- delete_published --
 DELETE FROM {schema}.outbox WHERE id = ANY(%(ids)s::bigint[])
+
+-- list_scheduled --
+-- Rows sent with a delay or for a time (send(..., delay=/at=)) that is not here yet, soonest first.
+SELECT message_id, id, queue_name, actor_name, message_type, ordering_key, saga_id, created_at, available_at
+FROM {schema}.outbox
+WHERE status = 'pending' AND attempts = 0 AND available_at > {schema}.clock_now()
+ORDER BY available_at, id
+LIMIT %(limit)s
+
+-- cancel_outbox --
+-- Delete the row unless a relay holds it: a relay's claim locks the rows it publishes
+-- (FOR UPDATE SKIP LOCKED) until it deletes them after the broker's confirm, so SKIP
+-- LOCKED here makes exactly one of the two win, and never waits or aborts the caller's
+-- transaction. While this transaction holds the row, relays skip it.
+DELETE FROM {schema}.outbox
+WHERE id = (SELECT id FROM {schema}.outbox WHERE message_id = %(message_id)s FOR UPDATE SKIP LOCKED)
+RETURNING id
+
+-- reschedule_outbox --
+-- Move a pending row to %(at)s unless a relay holds it (see cancel_outbox), and wake the
+-- relays at commit: one sleeping until the old time would miss an earlier one.
+WITH moved AS (
+    UPDATE {schema}.outbox
+    SET available_at = %(at)s::timestamptz
+    WHERE id = (SELECT id FROM {schema}.outbox
+                WHERE message_id = %(message_id)s AND status = 'pending'
+                FOR UPDATE SKIP LOCKED)
+    RETURNING id
+)
+SELECT id, pg_notify(%(channel)s, %(schema_name)s) FROM moved
+
+-- outbox_row_status --
+-- Why a cancel or reschedule found nothing to change: the row's status if it is still
+-- there (a relay holds it, or it failed), no row if it was published or never existed.
+SELECT status FROM {schema}.outbox WHERE message_id = %(message_id)s
 
 -- record_publish_failure --
 UPDATE {schema}.outbox
