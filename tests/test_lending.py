@@ -252,6 +252,7 @@ def test_the_estafeta_commands_manage_the_example(dsn: str) -> None:
     assert (books["name"], books["lag_events"]) == ("books_on_loan", 0)
 
 
+@pytest.mark.heavy
 @pytest.mark.integration
 def test_the_readme_commands_run_it_on_rabbitmq_through_a_worker_killed_midway(
     dsn: str, amqp_url: str, tmp_path

@@ -23,7 +23,10 @@ from . import processes
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["rabbitmq", "redis", "kafka"])
+# Each broker; the Redis and Kafka runs are long: make test-heavy.
+@pytest.fixture(
+    params=["rabbitmq", pytest.param("redis", marks=pytest.mark.heavy), pytest.param("kafka", marks=pytest.mark.heavy)]
+)
 def broker_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(BROKER_URL_FIXTURES[request.param]))
 

@@ -32,6 +32,7 @@ def queue_arrivals(url: str, queue: str) -> list[tuple[str | None, int, str]]:
     return arrivals(r.message() for r in read_topic(url, queue))
 
 
+@pytest.mark.heavy
 def test_rows_wait_out_a_kafka_outage_and_go_out_after_it(tansu_node, database_url, runtime, conn, tmp_path):
     url = tansu_node.url + "&topic_prefix=outage."
     env = processes.service_env(database_url, url)

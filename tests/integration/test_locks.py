@@ -87,6 +87,7 @@ def test_eight_threads_in_two_processes_charge_an_order_once(
     assert scalar(conn, "SELECT count(DISTINCT worker_pid) FROM probe.test_charges") == 2
 
 
+@pytest.mark.heavy
 def test_without_the_lock_eight_threads_in_two_processes_charge_an_order_several_times(
     amqp_url: str, lock_tables: str, runtime: Runtime, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
@@ -146,6 +147,7 @@ def test_a_holder_stopped_past_its_lease_is_fenced_off_and_rolled_back(
     assert len(tokens) == 2 and tokens[0] < tokens[1]
 
 
+@pytest.mark.heavy
 def test_without_fencing_a_holder_stopped_past_its_lease_charges_again(
     redis_url: str, lock_tables: str, runtime: Runtime, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:

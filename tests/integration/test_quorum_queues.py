@@ -338,6 +338,7 @@ def _died_or_done(workers: processes.Process, conn: psycopg.Connection[Any], pin
     return workers.popen.poll() is not None or _processed(conn, pings) == len(pings)
 
 
+@pytest.mark.heavy
 def test_a_message_that_kills_its_worker_is_parked_by_the_inbox_not_dead_lettered_by_rabbitmq(
     vhost: str, database_url: str, runtime, conn, tmp_path: Path
 ) -> None:

@@ -74,7 +74,8 @@ def poison(conn: Any, key: str) -> None:
     )
 
 
-@pytest.fixture(params=["rabbitmq", "redis"])
+# Each broker; the Redis run is long: make test-heavy.
+@pytest.fixture(params=["rabbitmq", pytest.param("redis", marks=pytest.mark.heavy)])
 def broker_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("amqp_url" if request.param == "rabbitmq" else "redis_url"))
 
