@@ -25,7 +25,6 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -124,7 +123,7 @@ def read_charts(app: App, runtime: Runtime, window: int, now: datetime | None = 
     """The console's four charts over the ``window`` minutes up to ``now`` (the database's clock)."""
     if now is None:
         with runtime.database(app.service_names[0]).connection() as conn:
-            now = _scalar(conn, sql.SQL("SELECT now()"), ())
+            (now,) = _one(conn, sql.SQL("SELECT now()"), ())
     assert now is not None
     axis = Axis.ending(now, window)
     return [
@@ -134,9 +133,31 @@ def read_charts(app: App, runtime: Runtime, window: int, now: datetime | None = 
     ]
 
 
-def _scalar(conn: Any, statement: sql.Composable, params: Sequence[Any]) -> Any:
+def _one(conn: Any, statement: sql.Composable, params: tuple[Any, ...]) -> tuple[Any, ...]:
     row = conn.execute(statement, params).fetchone()
-    return row[0] if row else None
+    assert row is not None  # an aggregate always answers a row
+    return tuple(row)
+
+
+def _buckets(
+    conn: Any, table: sql.Identifier, column: str, axis: Axis, *, extra: str = "", where: str = "TRUE"
+) -> list[tuple[Any, ...]]:
+    """``(bucket, *extra, count)`` of the rows whose ``column`` is in the window, counted by PostgreSQL."""
+    bucket = sql.SQL("floor(extract(epoch FROM {col} - %(start)s) / %(seconds)s)::int").format(
+        col=sql.Identifier(column)
+    )
+    statement = sql.SQL(
+        "SELECT {bucket} AS bucket{extra}, count(*) FROM {table}"
+        " WHERE {col} >= %(start)s AND {col} < %(end)s AND ({where}) GROUP BY bucket{extra}"
+    ).format(
+        bucket=bucket,
+        extra=sql.SQL(extra),
+        table=table,
+        col=sql.Identifier(column),
+        where=sql.SQL(where),  # a constant of this module, never the request's text
+    )
+    params = {"start": axis.start, "end": axis.end, "seconds": axis.minutes * 60}
+    return [tuple(row) for row in conn.execute(statement, params).fetchall()]
 
 
 def _saga_chart(app: App, runtime: Runtime, axis: Axis) -> Chart:
@@ -144,21 +165,13 @@ def _saga_chart(app: App, runtime: Runtime, axis: Axis) -> Chart:
     for saga in app.sagas:
         table = sql.Identifier(saga.table.schema, saga.table.table)
         with runtime.database(saga.service).connection() as conn:
-            started = conn.execute(
-                sql.SQL("SELECT started_at FROM {} WHERE started_at >= %s AND started_at < %s").format(table),
-                (axis.start, axis.end),
-            ).fetchall()
-            ended = conn.execute(
-                sql.SQL(
-                    "SELECT status, completed_at FROM {} WHERE status IN ('completed', 'compensated')"
-                    " AND completed_at >= %s AND completed_at < %s"
-                ).format(table),
-                (axis.start, axis.end),
-            ).fetchall()
-        for (when,) in started:
-            _add(counts["started"], axis.index(when))
-        for status, when in ended:
-            _add(counts[status], axis.index(when))
+            for bucket, count in _buckets(conn, table, "started_at", axis):
+                _add(counts["started"], bucket, count)
+            ended = _buckets(
+                conn, table, "completed_at", axis, extra=", status", where="status IN ('completed', 'compensated')"
+            )
+            for bucket, status, count in ended:
+                _add(counts[status], bucket, count)
     return Chart(
         "sagas",
         "Sagas started, completed and compensated",
@@ -171,21 +184,23 @@ def _saga_chart(app: App, runtime: Runtime, axis: Axis) -> Chart:
 
 def _outbox_charts(app: App, runtime: Runtime, axis: Axis) -> list[Chart]:
     backlog, oldest = [], []
-    ends = [axis.at(i + 1) for i in range(axis.count)]
     for service in app.service_names:
+        table = sql.Identifier(service, "outbox")
         with runtime.database(service).connection() as conn:
-            written = [
-                when
-                for (when,) in conn.execute(
-                    sql.SQL("SELECT created_at FROM {} ORDER BY created_at").format(sql.Identifier(service, "outbox"))
-                ).fetchall()
-            ]
-        counts, waits, seen = [], [], 0
-        for end in ends:
-            while seen < len(written) and written[seen] < end:
-                seen += 1
-            counts.append(float(seen))
-            waits.append((end - written[0]).total_seconds() / 60 if seen else 0.0)
+            before, first = _one(
+                conn,
+                sql.SQL("SELECT count(*) FILTER (WHERE created_at < %s), min(created_at) FROM {}").format(table),
+                (axis.start,),
+            )
+            written = [0.0] * axis.count
+            for bucket, count in _buckets(conn, table, "created_at", axis):
+                _add(written, bucket, count)
+        counts, waits, total = [], [], float(before)
+        for i, count in enumerate(written):
+            total += count
+            end = axis.at(i + 1)
+            counts.append(total)
+            waits.append((end - first).total_seconds() / 60 if total and first is not None and first < end else 0.0)
         backlog.append(Series(service, counts))
         oldest.append(Series(service, waits))
     caveat = "a lower bound: published rows are deleted, so only rows still in the outbox now are counted"
@@ -224,9 +239,9 @@ def _letters_chart(app: App, runtime: Runtime, axis: Axis) -> Chart:
     )
 
 
-def _add(values: list[float], index: int | None) -> None:
-    if index is not None:
-        values[index] += 1
+def _add(values: list[float], index: int | None, count: int = 1) -> None:
+    if index is not None and 0 <= index < len(values):
+        values[index] += count
 
 
 def _per(axis: Axis) -> str:
