@@ -139,25 +139,33 @@ def _one(conn: Any, statement: sql.Composable, params: tuple[Any, ...]) -> tuple
     return tuple(row)
 
 
-def _buckets(
-    conn: Any, table: sql.Identifier, column: str, axis: Axis, *, extra: str = "", where: str = "TRUE"
-) -> list[tuple[Any, ...]]:
-    """``(bucket, *extra, count)`` of the rows whose ``column`` is in the window, counted by PostgreSQL."""
-    bucket = sql.SQL("floor(extract(epoch FROM {col} - %(start)s) / %(seconds)s)::int").format(
-        col=sql.Identifier(column)
-    )
-    statement = sql.SQL(
-        "SELECT {bucket} AS bucket{extra}, count(*) FROM {table}"
-        " WHERE {col} >= %(start)s AND {col} < %(end)s AND ({where}) GROUP BY bucket{extra}"
+def bucket_query(table: sql.Identifier, column: str, *, extra: str = "", where: str = "TRUE") -> sql.Composed:
+    """Counts of the rows of ``table`` whose ``column`` is in the window, per bucket (and ``extra`` columns)."""
+    return sql.SQL(
+        "SELECT floor(extract(epoch FROM {col} - %(start)s) / %(seconds)s)::int AS bucket{extra}, count(*)"
+        " FROM {table} WHERE {col} >= %(start)s AND {col} < %(end)s AND ({where}) GROUP BY bucket{extra}"
     ).format(
-        bucket=bucket,
         extra=sql.SQL(extra),
         table=table,
         col=sql.Identifier(column),
         where=sql.SQL(where),  # a constant of this module, never the request's text
     )
-    params = {"start": axis.start, "end": axis.end, "seconds": axis.minutes * 60}
-    return [tuple(row) for row in conn.execute(statement, params).fetchall()]
+
+
+def bucket_params(axis: Axis) -> dict[str, Any]:
+    """The parameters of a :func:`bucket_query` over ``axis``."""
+    return {"start": axis.start, "end": axis.end, "seconds": axis.minutes * 60}
+
+
+#: The sagas that ended so (``sql/migrations/_saga/0003_ended_index.sql`` indexes them).
+ENDED = "status IN ('completed', 'compensated')"
+
+
+def _buckets(
+    conn: Any, table: sql.Identifier, column: str, axis: Axis, *, extra: str = "", where: str = "TRUE"
+) -> list[tuple[Any, ...]]:
+    statement = bucket_query(table, column, extra=extra, where=where)
+    return [tuple(row) for row in conn.execute(statement, bucket_params(axis)).fetchall()]
 
 
 def _saga_chart(app: App, runtime: Runtime, axis: Axis) -> Chart:
@@ -167,9 +175,7 @@ def _saga_chart(app: App, runtime: Runtime, axis: Axis) -> Chart:
         with runtime.database(saga.service).connection() as conn:
             for bucket, count in _buckets(conn, table, "started_at", axis):
                 _add(counts["started"], bucket, count)
-            ended = _buckets(
-                conn, table, "completed_at", axis, extra=", status", where="status IN ('completed', 'compensated')"
-            )
+            ended = _buckets(conn, table, "completed_at", axis, extra=", status", where=ENDED)
             for bucket, status, count in ended:
                 _add(counts[status], bucket, count)
     return Chart(
