@@ -10,7 +10,7 @@ rows back in line, replay a group of dead letters, and resume or abort a saga, t
 same calls as ``estafeta outbox retry``, ``estafeta dead-letters replay --group``,
 ``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
 forms carrying a token of this process (a page elsewhere cannot forge them), and pages
-forbid framing and scripts.
+forbid framing and scripts (the charts' frame alone may be framed, by the same origin).
 
 With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actions) every
 console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,

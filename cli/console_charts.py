@@ -5,8 +5,8 @@ what those tables still hold, no more:
 
 - **Sagas per minute**: started (``started_at``), and completed or compensated (their
   ``completed_at``), summed over every saga kind. Exact, except for sagas a retention
-  job has deleted. The ended counts read each saga table's ended rows of the window
-  without an index on ``completed_at`` (a scan of the table).
+  job has deleted. The ended ones are found through a partial index on ``completed_at``
+  (``sql/migrations/_saga/0003_ended_index.sql``).
 - **Outbox backlog and oldest wait per service**: a row is deleted once the broker
   confirmed it, so the past backlog cannot be read back. What is drawn is a *lower
   bound*: at each minute, the rows written by then that are still in the outbox now
@@ -15,7 +15,8 @@ what those tables still hold, no more:
 - **Dead letters per group per minute**: every dead letter written in the window (parked,
   replayed or obsolete: it failed then, whatever became of it), by the cause
   ``estafeta dead-letters groups`` groups them by; the six largest groups, the rest as
-  ``other``.
+  ``other``. ``dead_letters.created_at`` has no index: a scan of the table, kept small by
+  retention.
 
 Every label (service names, error text in a group's cause) is escaped here.
 """
@@ -43,8 +44,8 @@ MAX_BUCKETS = 60
 MAX_GROUPS = 6
 #: Seconds between redraws of the charts' frame.
 REFRESH_SECONDS = 10
-WIDTH, HEIGHT = 720, 220
-PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 56, 170, 28, 34
+WIDTH, HEIGHT = 860, 220
+PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 48, 250, 28, 34
 COLOURS = ("#1f6feb", "#2e7d32", "#c62828", "#8a5a00", "#6a1b9a", "#00838f", "#555")
 _WINDOW = re.compile(r"^([0-9]{1,5})\s*(m|min|h)?$")
 
@@ -273,7 +274,7 @@ def render(chart: Chart) -> Markup:
         f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
         f'aria-label="{e(chart.title)}">',
         f'<text class="title" x="{PLOT_LEFT}" y="16">{e(chart.title)}</text>',
-        f'<text class="unit" x="{PLOT_LEFT - 6}" y="{PLOT_TOP - 6}" text-anchor="end">{e(chart.unit)}</text>',
+        f'<text class="unit" x="{PLOT_LEFT + plot_w}" y="16" text-anchor="end">{e(chart.unit)}</text>',
         '<g class="axis y">',
     ]
     for fraction in (0, 0.5, 1):
@@ -326,4 +327,4 @@ def _number(value: float) -> str:
 
 
 def _short(name: str) -> str:
-    return name if len(name) <= 24 else name[:23] + "…"
+    return name if len(name) <= 38 else name[:37] + "…"
