@@ -10,7 +10,7 @@ rows back in line, replay a group of dead letters, and resume or abort a saga, t
 same calls as ``estafeta outbox retry``, ``estafeta dead-letters replay --group``,
 ``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
 forms carrying a token of this process (a page elsewhere cannot forge them), and pages
-forbid framing and scripts.
+forbid framing and scripts (the charts' frame alone may be framed, by the same origin).
 
 With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actions) every
 console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,
@@ -38,7 +38,7 @@ from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
-from . import console_data, console_lists, saga_diagram
+from . import console_charts, console_data, console_lists, saga_diagram
 
 logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), no scripts at all.
@@ -49,6 +49,20 @@ _HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
+}
+#: The charts page: as every page, but it may frame the charts (same origin only).
+_CHARTS_HEADERS = {
+    **_HEADERS,
+    "Content-Security-Policy": _HEADERS["Content-Security-Policy"] + "; frame-src 'self'",
+}
+#: The charts' frame: framed by the charts page only (same origin). It holds no form, so
+#: framing it cannot trick an operator into an action.
+_FRAME_HEADERS = {
+    **_HEADERS,
+    "Content-Security-Policy": _HEADERS["Content-Security-Policy"].replace(
+        "frame-ancestors 'none'", "frame-ancestors 'self'"
+    ),
+    "X-Frame-Options": "SAMEORIGIN",
 }
 
 
@@ -93,6 +107,8 @@ class Console:
         self.router.add_api_route("/kinds/{name}", self.kind_page, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/dead-letters/{service}/{group}", self.letter_group, methods=["GET"])
         self.router.add_api_route("/outbox/failed", self.failed_rows, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/charts", self.charts_page, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/charts/frame", self.charts_frame, methods=["GET"], response_class=HTMLResponse)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
@@ -174,6 +190,30 @@ class Console:
         except console_lists.BadFilter as exc:
             return self._refuse(str(exc))
         return self._page("console_failed.html", rows=rows, service=service)
+
+    def charts_page(self, window: str = "") -> HTMLResponse:
+        """The charts over a window, in a frame that redraws itself (a meta refresh: no script)."""
+        try:
+            minutes = console_charts.parse_window(window)
+        except console_charts.BadWindow as exc:
+            return self._refuse(str(exc))
+        page = self._page("console_charts.html", window=minutes, windows=(15, 60, 180, 720, 1440))
+        page.headers.update(_CHARTS_HEADERS)
+        return page
+
+    def charts_frame(self, window: str = "") -> HTMLResponse:
+        """The charts alone, as the charts page frames them; the frame reloads every few seconds."""
+        try:
+            minutes = console_charts.parse_window(window)
+        except console_charts.BadWindow as exc:
+            return self._refuse(str(exc))
+        charts = console_charts.read_charts(self.app, self.runtime, minutes)
+        drawn = [(chart, console_charts.render(chart)) for chart in charts]
+        page = self._page(
+            "console_chart_frame.html", charts=drawn, window=minutes, refresh=console_charts.REFRESH_SECONDS
+        )
+        page.headers.update(_FRAME_HEADERS)
+        return page
 
     def _find(self, saga_id: str) -> console_data.SagaPage | None:
         parsed = _uuid(saga_id)

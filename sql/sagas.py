@@ -114,6 +114,7 @@ def table_migrations(table: SagaTable, key_type: str) -> list[Migration]:
         "status_index": sql.Identifier(f"{table.table}_status_newest"),
         "step_index": sql.Identifier(f"{table.table}_step_newest"),
         "stats": sql.Identifier(f"{table.table}_status_step"),
+        "ended_index": sql.Identifier(f"{table.table}_ended"),
     }
     return [
         Migration(f"{table.table}/{m.name.partition('/')[2]}", sql.SQL(m.text).format(**names).as_string())

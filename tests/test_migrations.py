@@ -132,13 +132,14 @@ def test_check_exits_1_while_pending_and_four_migrators_at_once_apply_each_file_
 
 def test_a_saga_table_made_before_the_list_indexes_gets_them_from_its_second_migration() -> None:
     order = SAGAS["order"]
-    first, second = order.migrations()
+    first, second, third = order.migrations()
     assert (first.name, second.name) == ("saga_order/0001_tables.sql", "saga_order/0002_list_indexes.sql")
+    assert third.name == "saga_order/0003_ended_index.sql"
     with scratch_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         # A database migrated by the release before: the saga table, its first migration only.
         migrate.apply(conn, "orders", [first])
-        assert migrate.pending(conn, "orders", order.migrations()) == [second.name]
-        assert migrate.apply(conn, "orders", order.migrations()) == [second.name]
+        assert migrate.pending(conn, "orders", order.migrations()) == [second.name, third.name]
+        assert migrate.apply(conn, "orders", order.migrations()) == [second.name, third.name]
         indexes = {
             str(name): str(definition)
             for name, definition in conn.execute(
@@ -149,3 +150,6 @@ def test_a_saga_table_made_before_the_list_indexes_gets_them_from_its_second_mig
     assert indexes["saga_order_status_newest"].endswith("(status, started_at, saga_id)")
     assert indexes["saga_order_step_newest"].endswith("(current_step, started_at, saga_id)")
     assert "saga_order_started_at" not in indexes  # the first index serves what it did
+    assert indexes["saga_order_ended"].endswith(
+        "(completed_at) WHERE (status = ANY (ARRAY['completed'::text, 'compensated'::text]))"
+    )

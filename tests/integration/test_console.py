@@ -320,3 +320,35 @@ def test_a_count_leads_to_its_list_to_the_saga_and_its_diagram_drawn_with_the_pa
         click(browser, '#diagram g.node[data-node="do:charge_payment"] rect')
         wait_until(lambda: "step=charge_payment" in browser.current_url, what="the list of a step")
         assert saga_id in text(browser, "#saga-list")
+
+
+def test_the_charts_draw_the_sagas_started_and_redraw_without_reloading_the_page(
+    database_url: str, conn, browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    def started() -> str:
+        """The sagas started in the window, summed from the chart's points, read inside the charts' frame."""
+        browser.switch_to.default_content()
+        browser.switch_to.frame(browser.find_element(By.ID, "chart-frame"))
+        try:
+            found = browser.find_elements(By.CSS_SELECTOR, '#chart-sagas g[data-series="started"] circle.point')
+            return str(sum(int(point.get_attribute("data-value")) for point in found))
+        finally:
+            browser.switch_to.default_content()
+
+    with serving(database_url, tmp_path, "--no-access-log") as server:
+        stuck_saga(server, conn)
+        browser.get(f"{server.url}/console")
+        click(browser, 'header a[href="/console/charts"]')
+        wait_until(lambda: started() == "1", what="the chart of sagas started")
+        browser.switch_to.frame(browser.find_element(By.ID, "chart-frame"))
+        chart = browser.find_element(By.CSS_SELECTOR, "svg#chart-sagas")
+        assert chart.size["width"] > 600 and chart.size["height"] > 150  # laid out and drawn
+        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 4
+        browser.switch_to.default_content()
+        # A mark on the page itself: it survives the frame's redraw, not a reload of the page.
+        browser.execute_script("document.body.dataset.mark = 'still here'")
+        stuck_saga(server, conn)
+        wait_until(lambda: started() == "2", timeout=60, what="the frame redrawing the chart")
+        assert browser.execute_script("return document.body.dataset.mark") == "still here"
