@@ -322,6 +322,7 @@ def test_a_count_leads_to_its_list_to_the_saga_and_its_diagram_drawn_with_the_pa
         assert saga_id in text(browser, "#saga-list")
 
 
+@pytest.mark.heavy  # waits for the frame's 10-second redraw
 def test_the_charts_draw_the_sagas_started_and_redraw_without_reloading_the_page(
     database_url: str, conn, browser: Any, tmp_path: Path
 ) -> None:
