@@ -251,3 +251,43 @@ def test_a_kafka_produce_into_a_silent_cut_fails_within_the_delivery_timeout_and
         healed = time.monotonic()
         client.until_ok("enqueue", timeout=60)
         print(f"enqueues work again {time.monotonic() - healed:.1f} s after the heal")
+
+
+def test_the_relays_kafka_publisher_across_a_silent_cut_charges_no_attempt_and_publishes_after_the_heal(
+    net: Network,
+) -> None:
+    """The relay's Kafka publisher (confirm timeout 5 s) in a namespace, Tansu in another.
+
+    A batch published into a silent cut is an outage: the rows stay pending, no attempt is
+    counted. After the heal, the producer that lived through the cut is fenced by Tansu
+    (``PRODUCER_FENCED``: librdkafka asks for a new epoch after its records timed out, and
+    Tansu refuses the old one); that is the producer's state, not the records': the publisher
+    replaces it and charges no row, and the next batches are confirmed. Without
+    ``PRODUCER_FENCED`` among the producer failures, every row of the batch after the heal
+    counted a failed attempt.
+    """
+    from ..kafka_server import running_tansu, with_topic_prefix
+
+    kafka_node, relay = net.add("kafka"), net.add("relay")
+
+    def publish() -> dict[str, Any]:
+        client.send("publish 6")
+        answer = client.answer(60 + MARGIN)
+        print(f"{answer['detail']} after {answer['seconds']:.1f} s")
+        assert not answer["detail"]["failed"], f"rows were charged a failed attempt: {answer['error']}"
+        return answer
+
+    with (
+        running_tansu(netns=kafka_node.netns, host=kafka_node.address) as server,
+        probe(relay, "relay", with_topic_prefix(server.url)) as client,
+    ):
+        assert publish()["ok"]
+        net.cut(relay, kafka_node)
+        # Every report arrives by message.timeout.ms (the confirm timeout) + the publisher's 5 s.
+        assert not publish()["ok"]
+        net.heal(relay, kafka_node)
+        healed = time.monotonic()
+        while not publish()["ok"]:
+            assert time.monotonic() < healed + 90, "the relay still cannot publish after the heal"
+            time.sleep(0.5)
+        print(f"batches confirmed again {time.monotonic() - healed:.1f} s after the heal")
