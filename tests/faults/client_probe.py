@@ -1,10 +1,12 @@
 """A client of one server, driven line by line from stdin, run inside a namespace of the fault harness.
 
-``python -m tests.faults.client_probe postgres|redis|rabbitmq|kafka|relay URL``, then one command a
-line; each answer is one JSON line ``{"command", "ok", "seconds", "error"}``. The clients
-are estafeta's own, configured as estafeta configures them (``sql.pool.Database``, the
-brokers of ``brokers.broker_from_url`` and Dramatiq's consumers on them), so the test
-measures what a worker or a relay would live through.
+``python -m tests.faults.client_probe postgres|redis|rabbitmq|kafka|kafka-verbose|relay URL``
+(``kafka-verbose``: ``kafka`` printing librdkafka's log lines down to INFO, repeats
+included), then one command a line; each answer is one JSON line
+``{"command", "ok", "seconds", "error"}``. The clients are estafeta's own, configured as
+estafeta configures them (``sql.pool.Database``, the brokers of ``brokers.broker_from_url``
+and Dramatiq's consumers on them), so the test measures what a worker or a relay would live
+through.
 
 Commands: ``query SQL`` (PostgreSQL: one statement on the pool), ``consume`` (Redis and
 RabbitMQ: Dramatiq's consumer of a queue, iterated until it fails or ``seconds`` pass),
@@ -130,6 +132,14 @@ def _ping(broker: Any) -> None:
 def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a hung client waits
     kind, url = sys.argv[1], sys.argv[2]
+    if kind == "kafka-verbose":  # every librdkafka line down to INFO, none held back as a repeat
+        import logging
+
+        from brokers import kafka_config
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        kafka_config.ClientLog.__init__.__defaults__ = (0.0,)
+        kind = "kafka"
     run = _postgres(url) if kind == "postgres" else _relay(url) if kind == "relay" else _broker(url)
     print(json.dumps({"command": "ready", "ok": True}), flush=True)
     for line in sys.stdin:
