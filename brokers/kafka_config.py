@@ -58,6 +58,11 @@ CONSUMER_REQUIRED = {
 #: queue: a few thousand records are plenty for Dramatiq's prefetch.
 CONSUMER_DEFAULTS = {"session.timeout.ms": "10000", "queued.min.messages": "1000", "queued.max.messages.kbytes": "8192"}
 PRODUCER_DEFAULTS = {"linger.ms": "5"}
+#: Defaults of every client a URL may override. A request (a fetch, a produce, a join, a
+#: metadata request) with no answer within ``socket.timeout.ms`` fails and its connection is
+#: closed and opened again: librdkafka's 60 s would leave a consumer on a silent cut waiting
+#: twice as long as a producer's delivery timeout (30 s), the bound the docs state.
+COMMON_DEFAULTS = {"socket.timeout.ms": "30000"}
 
 
 @attrs.frozen
@@ -94,11 +99,12 @@ class KafkaConfig:
 
     def admin_config(self) -> dict[str, Any]:
         """Configuration of an admin client."""
-        return {**self.common, "bootstrap.servers": self.bootstrap}
+        return {**COMMON_DEFAULTS, **self.common, "bootstrap.servers": self.bootstrap}
 
     def producer_config(self, client_id: str, **overrides: Any) -> dict[str, Any]:
         """Configuration of an idempotent, ``acks=all`` producer named ``client_id``."""
         return {
+            **COMMON_DEFAULTS,
             **PRODUCER_DEFAULTS,
             "client.id": client_id,
             **self.common,
@@ -110,7 +116,13 @@ class KafkaConfig:
 
     def consumer_config(self, queue_name: str, client_id: str) -> dict[str, Any]:
         """Configuration of a consumer of ``queue_name``'s group that commits nothing by itself."""
-        config: dict[str, Any] = {**CONSUMER_DEFAULTS, "client.id": client_id, **self.common, **self.consumer}
+        config: dict[str, Any] = {
+            **COMMON_DEFAULTS,
+            **CONSUMER_DEFAULTS,
+            "client.id": client_id,
+            **self.common,
+            **self.consumer,
+        }
         if "heartbeat.interval.ms" not in config:
             config["heartbeat.interval.ms"] = str(max(100, int(config["session.timeout.ms"]) // 3))
         return {

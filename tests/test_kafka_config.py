@@ -90,3 +90,14 @@ def test_passwords_never_reach_messages() -> None:
     with pytest.raises(ValueError) as refused:
         check_url(url)
     assert "hunter" not in str(refused.value)
+
+
+def test_every_client_gives_up_a_silent_request_within_30_s_unless_the_url_says_otherwise() -> None:
+    # librdkafka's own socket.timeout.ms is 60 s: a consumer's fetch on a silent cut waited that long.
+    config = parse_kafka_url("kafka://a")
+    assert config.consumer_config("q", "w")["socket.timeout.ms"] == "30000"
+    assert config.producer_config("p")["socket.timeout.ms"] == "30000"
+    assert config.admin_config()["socket.timeout.ms"] == "30000"
+    mine = parse_kafka_url("kafka://a?socket.timeout.ms=10000&consumer.socket.timeout.ms=20000")
+    assert mine.consumer_config("q", "w")["socket.timeout.ms"] == "20000"
+    assert mine.producer_config("p")["socket.timeout.ms"] == "10000"

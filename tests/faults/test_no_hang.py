@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,21 @@ class Probe:
         for line in self.process.stdout:
             self._output.put(line)
         self._output.put(None)
+
+    def line_with(self, wanted: Callable[[str], bool], timeout: float) -> str:
+        """The next line the client prints that is ``wanted``; an assertion error after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self._output.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+            if wanted(line):
+                return line
+        raise AssertionError(f"no such line within {timeout:g} s; the client printed:\n{''.join(self.lines)[-3000:]}")
 
     def until_ok(self, command: str, timeout: float) -> dict[str, Any]:
         """Send ``command`` until it succeeds (after a heal); the successful answer."""
@@ -251,3 +266,79 @@ def test_a_kafka_produce_into_a_silent_cut_fails_within_the_delivery_timeout_and
         healed = time.monotonic()
         client.until_ok("enqueue", timeout=60)
         print(f"enqueues work again {time.monotonic() - healed:.1f} s after the heal")
+
+
+def test_the_relays_kafka_publisher_across_a_silent_cut_charges_no_attempt_and_publishes_after_the_heal(
+    net: Network,
+) -> None:
+    """The relay's Kafka publisher (confirm timeout 5 s) in a namespace, Tansu in another.
+
+    A batch published into a silent cut is an outage: the rows stay pending, no attempt is
+    counted. After the heal, the producer that lived through the cut is fenced by Tansu
+    (``PRODUCER_FENCED``: librdkafka asks for a new epoch after its records timed out, and
+    Tansu refuses the old one); that is the producer's state, not the records': the publisher
+    replaces it and charges no row, and the next batches are confirmed. Without
+    ``PRODUCER_FENCED`` among the producer failures, every row of the batch after the heal
+    counted a failed attempt.
+    """
+    from ..kafka_server import running_tansu, with_topic_prefix
+
+    kafka_node, relay = net.add("kafka"), net.add("relay")
+
+    def publish() -> dict[str, Any]:
+        client.send("publish 6")
+        answer = client.answer(60 + MARGIN)
+        print(f"{answer['detail']} after {answer['seconds']:.1f} s")
+        assert not answer["detail"]["failed"], f"rows were charged a failed attempt: {answer['error']}"
+        return answer
+
+    with (
+        running_tansu(netns=kafka_node.netns, host=kafka_node.address) as server,
+        probe(relay, "relay", with_topic_prefix(server.url)) as client,
+    ):
+        assert publish()["ok"]
+        net.cut(relay, kafka_node)
+        # Every report arrives by message.timeout.ms (the confirm timeout) + the publisher's 5 s.
+        assert not publish()["ok"]
+        net.heal(relay, kafka_node)
+        healed = time.monotonic()
+        while not publish()["ok"]:
+            assert time.monotonic() < healed + 90, "the relay still cannot publish after the heal"
+            time.sleep(0.5)
+        print(f"batches confirmed again {time.monotonic() - healed:.1f} s after the heal")
+
+
+def test_a_kafka_consumer_gives_up_a_request_on_a_silent_cut_within_the_socket_timeout_and_rejoins_after_the_heal(
+    net: Network,
+) -> None:
+    """A worker's Kafka consumer never raises on a cut: librdkafka fails a request in flight
+    after ``socket.timeout.ms`` and opens its connection again. The test waits for that log
+    line from the broker's connection (the group coordinator's heartbeat has the session as
+    its timeout, and the test URL's session is 2 s); with librdkafka's own 60 s it came after
+    the deadline. After the heal, the same consumer gets its partitions again.
+    """
+    from brokers.kafka_config import COMMON_DEFAULTS
+
+    from ..kafka_server import running_tansu, with_topic_prefix
+
+    bound = int(COMMON_DEFAULTS["socket.timeout.ms"]) / 1000 + 1  # librdkafka scans for timeouts each second
+    kafka_node, worker = net.add("kafka"), net.add("worker")
+    with (
+        running_tansu(netns=kafka_node.netns, host=kafka_node.address) as server,
+        probe(worker, "kafka-verbose", with_topic_prefix(server.url)) as client,
+    ):
+        client.send("enqueue")
+        assert client.answer(60)["ok"]
+        client.send("consume 600")
+        client.line_with(lambda line: "assigned partitions" in line, 60)
+        time.sleep(1.0)  # fetching
+        net.cut(worker, kafka_node)
+        cut_at = time.monotonic()
+        line = client.line_with(
+            lambda line: "Request in flight (after" in line and "GroupCoordinator" not in line, bound + MARGIN
+        )
+        print(f"{time.monotonic() - cut_at:.1f} s after the cut: {line.strip()}")
+        net.heal(worker, kafka_node)
+        healed = time.monotonic()
+        client.line_with(lambda line: "assigned partitions" in line, 60 + MARGIN)
+        print(f"the consumer has its partitions again {time.monotonic() - healed:.1f} s after the heal")
