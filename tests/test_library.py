@@ -130,6 +130,7 @@ def test_running_an_example_creates_only_its_own_schemas_and_declares_only_its_o
         assert imported_line == "[]"
 
 
+@pytest.mark.heavy
 def test_the_cli_runs_on_an_example_app_and_keeps_order_commands_for_the_order_system() -> None:
     with scratch_database() as dsn:
         env = {**service_env(dsn, "stub://"), "ESTAFETA_APP": "examples.welcome"}

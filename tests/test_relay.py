@@ -181,6 +181,7 @@ def test_a_delayed_row_falls_due_though_another_outbox_woke_the_relay_since(conn
         wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=20)
 
 
+@pytest.mark.heavy
 def test_several_relays_keep_every_key_in_order_and_lose_nothing(conn, runtime, stub_broker, queue, database_url):
     keys = [f"k{i}" for i in range(12)]
     expected: dict[str | None, list[int]] = {key: [] for key in keys}

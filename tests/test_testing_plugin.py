@@ -61,6 +61,7 @@ def test_the_example_passes_with_the_plugin_from_its_entry_point_even_when_a_con
     assert "2 passed" in ran.stdout
 
 
+@pytest.mark.heavy
 def test_without_an_app_under_test_the_plugin_says_how_to_name_one(project: Path) -> None:
     (project / "pytest.ini").write_text("[pytest]\n")
     ran = _run_pytest(project, project.parent / "site")

@@ -103,6 +103,7 @@ def click(browser: Any, css: str) -> None:
     browser.find_element(By.CSS_SELECTOR, css).click()
 
 
+@pytest.mark.heavy
 def test_the_console_shows_a_stuck_saga_and_resumes_it_when_actions_are_allowed(
     database_url: str, conn, browser: Any, tmp_path: Path
 ) -> None:
@@ -275,6 +276,7 @@ def test_the_console_on_a_listener_of_its_own_is_not_served_on_the_api_port(
     assert scalar(conn, "SELECT count(*) FROM orders.orders") == 0
 
 
+@pytest.mark.heavy
 def test_a_count_leads_to_its_list_to_the_saga_and_its_diagram_drawn_with_the_path_taken(
     database_url: str, conn, browser: Any, tmp_path: Path
 ) -> None:
