@@ -72,6 +72,17 @@ def _measure(runtime: Runtime, dsn: str, sagas: int) -> dict[str, Any]:
     return measure_sagas(runtime, sagas, dsn)
 
 
+def _first_step_after(dsn: str, since: Any) -> Any:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        query = f"SELECT min(processed_at) FROM ({_FIRST_STEP}) AS steps"
+        deadline = time.monotonic() + 300
+        while (first := (conn.execute(query, {"t": since}).fetchone() or [None])[0]) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no step committed within 300 s of the kill")
+            time.sleep(0.02)
+    return first
+
+
 def failover(runtime: Runtime, nodes: list[RabbitNode]) -> float:
     """Kill the ``orders`` leader, place one order: seconds from the kill to its first committed step."""
     victim = _leader(nodes, "orders")
@@ -87,28 +98,10 @@ def failover(runtime: Runtime, nodes: list[RabbitNode]) -> float:
     customer, sku, quantity, amount = plan.orders[0]
     with database.transaction() as conn:
         place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
-    with psycopg.connect(runtime.settings.database_url, autocommit=True) as conn:
-        query = f"SELECT min(processed_at) FROM ({_FIRST_STEP}) AS steps"
-        deadline = time.monotonic() + 300
-        while (first := (conn.execute(query, {"t": killed_at}).fetchone() or [None])[0]) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("no step committed within 300 s of the kill")
-            time.sleep(0.02)
-        seconds = (first - killed_at).total_seconds()
+    seconds = (_first_step_after(runtime.settings.database_url, killed_at) - killed_at).total_seconds()
     victim.start()
     victim.wait()
     return float(seconds)
-
-
-def _first_step_after(dsn: str, since: Any) -> Any:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        query = f"SELECT min(processed_at) FROM ({_FIRST_STEP}) AS steps"
-        deadline = time.monotonic() + 300
-        while (first := (conn.execute(query, {"t": since}).fetchone() or [None])[0]) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("no step committed within 300 s of the kill")
-            time.sleep(0.02)
-    return first
 
 
 def pg_failover(broker_url: str, threads: int) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -15,13 +14,7 @@ import psycopg
 
 from .helpers import wait_until
 from .integration.processes import BIN, Process, service_env
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from .services import free_port
 
 
 @attrs.frozen

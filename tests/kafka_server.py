@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .services import RUN_ID, require
+from .services import RUN_ID, free_port, require
 
 #: Consumer settings for a quick test run: a killed worker's partitions move on after 2 s
 #: (Tansu also answers a group join only after half the session timeout), and fetches
@@ -33,12 +33,6 @@ from .services import RUN_ID, require
 #: the default 500 ms wait would be added to every hop of a test's few messages; under
 #: sustained load fetches find records anyway, and the short wait only costs Tansu CPU).
 FAST_CONSUMERS = "consumer.session.timeout.ms=2000&consumer.heartbeat.interval.ms=500&consumer.fetch.wait.max.ms=10"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tansu_binary() -> str:

@@ -19,7 +19,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,18 +27,11 @@ from pathlib import Path
 
 import psycopg
 
-from .services import require
+from .services import free_port, require
 
 _VERSIONS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
 PG_BIN = _VERSIONS[-1] if _VERSIONS else Path("/usr/lib/postgresql/15/bin")
 _OWNER = "postgres"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PostgresServer:

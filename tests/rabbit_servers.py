@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,18 +20,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .services import require
+from .services import free_port, require
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 #: Erlang flags for a shared two-core machine: one scheduler, and no busy-waiting when idle.
 ERL_ARGS = "+S 1:1 +sbwt none +sbwtdcpu none +sbwtdio none"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RabbitNode:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,14 +16,7 @@ from pathlib import Path
 
 import redis
 
-from .services import require
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from .services import free_port, require
 
 
 class RedisServer:

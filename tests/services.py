@@ -43,6 +43,13 @@ BROKER_URL_FIXTURES = {"rabbitmq": "amqp_url", "redis": "redis_url", "kafka": "k
 RUN_ID = f"estafeta-test-{uuid.uuid4().hex[:10]}"
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on right now (on 127.0.0.1)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def require(service: str, reachable: bool, reason: str) -> None:
     """Skip (or, under CI, fail) when ``service`` is not reachable."""
     if reachable:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -17,13 +16,8 @@ from estafeta import Runtime
 from examples.shelf.api import make_api
 
 from .helpers import scalar, wait_until
+from .services import free_port
 from .test_sqlalchemy import counts, engine_url
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
