@@ -34,9 +34,9 @@ import uuid
 from typing import Annotated, Any
 
 import jinja2
-from markupsafe import Markup
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from markupsafe import Markup
 
 from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
@@ -152,7 +152,17 @@ class Console:
 
     def overview(self, notice: str | None = None) -> HTMLResponse:
         """Outboxes, failed rows, dead letters by cause, sagas by status, stuck and failed sagas."""
-        return self._page("console.html", overview=console_data.read_overview(self.app, self.runtime), notice=notice)
+        overview = console_data.read_overview(self.app, self.runtime)
+        projections = console_models.read_projections(self.app, self.runtime)
+        scheduled = len(console_models.read_scheduled(self.app, self.runtime))
+        return self._page(
+            "console.html",
+            overview=overview,
+            projections=projections,
+            scheduled=scheduled,
+            scheduled_cap=console_models.SCHEDULED,
+            notice=notice,
+        )
 
     def find_saga(self, saga_id: str = "") -> Response:
         """The saga page of the id typed into the search box."""
@@ -166,9 +176,7 @@ class Console:
         where = saga_diagram.position(found.saga, found.row, found.timeline)
         diagram = saga_diagram.render(found.saga, where)
         details = [saga_labels.timeline_detail(found.saga, found.row, entry) for entry in found.timeline]
-        return self._page(
-            "console_saga.html", saga=found, notice=notice, diagram=diagram, details=details
-        )
+        return self._page("console_saga.html", saga=found, notice=notice, diagram=diagram, details=details)
 
     def saga_list(self, request: Request) -> HTMLResponse:
         """Sagas filtered by kind, status, step, start time and error text, newest first, a page at a time."""

@@ -20,6 +20,7 @@ from sql.event_store import StoredEvent
 from sql.outbox import ScheduledRow
 
 from .console_lists import BadFilter
+from .projections import aggregate_state
 
 #: Recent events read to name the streams written last (one index scan over positions).
 RECENT_EVENTS = 200
@@ -105,6 +106,10 @@ class StreamPage:
     events: list[StoredEvent]
     #: The events cut at :data:`STREAM_EVENTS`.
     truncated: bool = False
+    #: The state the events make, when the service declares the stream's aggregate (as the CLI shows it).
+    state: dict[str, Any] | None = None
+    #: Why the state could not be built (an event that no longer decodes...).
+    state_error: str | None = None
 
 
 def parse_stream_query(app: App, params: Mapping[str, str]) -> StreamQuery | None:
@@ -153,12 +158,25 @@ def read_streams(app: App, runtime: Runtime, query: StreamQuery | None) -> Strea
     recent.sort(key=lambda item: item[1].recorded_at, reverse=True)
     if query is None:
         return StreamPage(services, None, recent[:RECENT_STREAMS], [])
+    service = app.service(query.service)
+    state, state_error = None, None
     with runtime.database(query.service).connection() as conn:
         events = event_store.read_stream(
             conn, query.service, query.stream, up_to_version=query.version, as_of=query.as_of
         )
+        if events and service.event_store is not None:
+            try:
+                state = aggregate_state(conn, service, service.event_store, query.stream, query.version, query.as_of)
+            except Exception as exc:  # one stream's bad event: shown on its page, the events still listed
+                state_error = f"{type(exc).__name__}: {exc}"
     return StreamPage(
-        services, query, recent[:RECENT_STREAMS], events[:STREAM_EVENTS], truncated=len(events) > STREAM_EVENTS
+        services,
+        query,
+        recent[:RECENT_STREAMS],
+        events[:STREAM_EVENTS],
+        truncated=len(events) > STREAM_EVENTS,
+        state=state,
+        state_error=state_error,
     )
 
 

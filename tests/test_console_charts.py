@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator

@@ -106,7 +106,12 @@ def test_the_projections_page_shows_position_lag_state_error_and_the_oldest_open
         writer.execute("SELECT pg_current_xact_id()")
         projection_store.mark_failed(conn, "orders", OrderSummary.name, error="boom: bad event", position=7)
         page = console.get("/console/projections").text
+        overview = console.get("/console").text
         writer.rollback()
+    # The overview counts them too, each linking to its line.
+    models = overview.split('id="read-models"', 1)[1].split("</section>", 1)[0]
+    assert 'href="/console/projections#projection-orders-order_summary"' in models
+    assert '<span class="badge bad">failed</span>' in models and "boom: bad event" in models
     (line,) = rows(page, "projections")
     assert '<span class="badge bad">failed</span>' in line
     assert "at position 7: boom: bad event" in line
@@ -133,6 +138,10 @@ def test_the_event_browser_shows_a_stream_as_of_a_version_or_a_time_and_refuses_
     empty = console.get("/console/events", params={"service": "orders", "stream": stream, "as_of": before}).text
     assert rows(empty, "events") == [] and "has no event in orders at that point" in empty
 
+    # A stream whose aggregate the service declares shows the state its events make, as the CLI does.
+    account = console.get("/console/events", params={"service": "payments", "stream": "account-c1"}).text
+    assert "AccountOpened" in account and '<pre id="state"' in account and "balance" in account
+
     for params, why in [
         ({"stream": stream, "service": "orders", "version": "0"}, "version: '0' is not a version"),
         ({"stream": stream, "service": "orders", "as_of": "yesterday"}, "as_of: 'yesterday' is not an ISO 8601 time"),
@@ -153,5 +162,8 @@ def test_scheduled_messages_are_listed_soonest_first(console: TestClient, runtim
             command = ChargePayment(uuid.uuid4(), "c1", 100)
             ids.append(order_system.service("orders").send(conn, command, at=at))
     page = console.get("/console/outbox/scheduled").text
+    assert re.search(
+        r'<p id="scheduled-count">[^<]*<a href="/console/outbox/scheduled">2</a>', console.get("/console").text
+    )
     assert [m for m in re.findall(r'<tr id="message-([0-9a-f-]+)"', page)] == [str(ids[1]), str(ids[0])]
     assert "ChargePayment" in page and f'datetime="{sooner.isoformat()}"' in page
