@@ -27,7 +27,7 @@ SHOTS = [
     ("saga", "/console/sagas/{compensated}", 980),
     ("kind", "/console/kinds/order", 560),
     ("charts", "/console/charts?window=60", 900),
-    ("projections", "/console/projections", 420),
+    ("projections", "/console/projections", 480),
     ("events", "/console/events?service=orders&stream={stream}", 760),
 ]
 
