@@ -518,3 +518,17 @@ def test_every_page_on_sagas_in_every_state_from_a_count_to_the_path_taken(
         assert "ChargePayment" in text(browser, f"#message-{scheduled}")
         click(browser, 'header a[href="/console/charts"]')
         wait_until(lambda: browser.find_elements(By.ID, "chart-frame") != [], what="the charts page")
+
+        # The failure pages, reached from their counts: a failed outbox row, a dead-letter group.
+        conn.execute("UPDATE orders.outbox SET status = 'failed', attempts = 5, last_error = 'connection refused'")
+        conn.execute(
+            "INSERT INTO payments.dead_letters (consumer, message_id, message, reason) VALUES (%s, %s, '{}', %s)",
+            ("payments.charge_payment", str(uuid.uuid4()), "failed 4 times, last: OSError: disk full"),
+        )
+        browser.get(f"{server.url}/console")
+        click(browser, '#outboxes a[href^="/console/outbox/failed"]')
+        wait_until(lambda: "connection refused" in text(browser, "#failed-messages"), what="the failed rows")
+        browser.get(f"{server.url}/console")
+        click(browser, '#dead-letters a[href^="/console/dead-letters/"]')
+        wait_until(lambda: "OSError: disk full" in text(browser, "#parked"), what="the dead-letter group")
+        assert local_times(browser) != []
