@@ -1,9 +1,9 @@
 """What a saga's compensations do, named for people: the command each one sends.
 
-A saga's log says ``place_order undone`` when a compensation was answered, and the same
-for a step that runs *after* compensation, though that step undoes nothing: it does its
-action (``notify_cancellation`` sends the cancellation notice). The console names each
-by the command it sends instead, found, best first:
+A saga's log says ``place_order undone`` when a compensation was answered (and, in logs
+written before this release, the same for a step that runs *after* compensation, though
+that step undoes nothing: ``notify_cancellation`` sends the cancellation notice). The
+console and ``estafeta sagas show`` name each by the command it sends, found, best first:
 
 1. by building it from one saga's state, as the engine does when it sends it (exact);
 2. from the factory's declaration: the class its code calls (``lambda s: CancelOrder(...)``)
@@ -24,8 +24,9 @@ from estafeta import Saga, SagaState, SagaStep
 from estafeta._messages import from_json
 from sql.sagas import LogEntry, SagaRow
 
-#: ``place_order undone``: the detail the engine writes when a compensation (or a step after it) is answered.
-_UNDONE = re.compile(r"^(?P<step>\S+) undone$")
+#: The detail the engine writes when a compensation is answered (``place_order undone``), or a step
+#: after compensation (``notify_cancellation done after compensating``; older logs say ``... undone``).
+_UNDONE = re.compile(r"^(?P<step>\S+) (undone|done after compensating)$")
 
 
 def command_name(factory: Callable[[SagaState], Any] | None, state: SagaState | None = None) -> str | None:

@@ -27,7 +27,9 @@ from estafeta import Projector, Runtime
 from estafeta._projection_ops import observe_batch
 from sql import projection_store
 
+from .integration.processes import service_env
 from .shop import Courier, place, seed
+from .test_cli import run
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +48,7 @@ def rows(page: str, table: str) -> list[str]:
 
 
 def test_a_compensated_saga_names_each_compensation_by_the_command_it_sends(
-    console: TestClient, runtime: Runtime, conn: psycopg.Connection[Any]
+    console: TestClient, runtime: Runtime, conn: psycopg.Connection[Any], database_url: str
 ) -> None:
     seed(runtime, {"c1": 100}, {"s1": 5})
     refused = place(runtime, "c1", "s1", 1, 3_000)  # not enough money: compensated
@@ -61,6 +63,11 @@ def test_a_compensated_saga_names_each_compensation_by_the_command_it_sends(
     kind = console.get("/console/kinds/order").text
     assert "sends CancelOrder" in kind and "sends RefundPayment" in kind and "sends NotifyCustomer" in kind
     assert '<span class="badge muted">compensated</span>' in page
+    # `estafeta sagas show` says the same.
+    shown = run(service_env(database_url, "stub://"), "sagas", "show", str(refused.saga_id))
+    assert shown.returncode == 0, shown.stderr
+    assert "place_order compensated by CancelOrder" in shown.stdout
+    assert "notify_cancellation done after compensating (sent NotifyCustomer)" in shown.stdout
 
 
 def test_labels_fall_back_to_the_declaration_when_the_state_cannot_build_the_command() -> None:
