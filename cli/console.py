@@ -184,7 +184,10 @@ class Console:
             query = console_lists.parse_saga_query(self.app, request.query_params)
         except console_lists.BadFilter as exc:
             return self._refuse(str(exc))
-        listed = console_lists.read_saga_list(self.app, self.runtime, query)
+        return self.saga_list_html(console_lists.read_saga_list(self.app, self.runtime, query))
+
+    def saga_list_html(self, listed: console_lists.SagaList) -> HTMLResponse:
+        """The page of a saga list as read (``bench.console_pages`` draws one of any length)."""
         return self._page("console_sagas.html", listed=listed, statuses=console_lists.STATUSES)
 
     def kind_page(self, name: str) -> HTMLResponse:
