@@ -28,6 +28,8 @@ RECENT_EVENTS = 200
 RECENT_STREAMS = 20
 #: Events of one stream shown at most (the CLI shows them all).
 STREAM_EVENTS = 500
+#: The longest stream id the browser takes.
+_LONGEST_STREAM = 500
 #: Scheduled messages read per service.
 SCHEDULED = 200
 
@@ -119,12 +121,14 @@ def parse_stream_query(app: App, params: Mapping[str, str]) -> StreamQuery | Non
     service = params.get("service") or (services[0] if len(services) == 1 else "")
     if not stream:
         return None
+    if len(stream) > _LONGEST_STREAM:
+        raise BadFilter(f"stream: longer than {_LONGEST_STREAM} characters")
     if service not in services:
         raise BadFilter(f"service: {service!r} has no event store (these do: {', '.join(services) or 'none'})")
     as_of, version = _moment(params.get("as_of", "")), _version(params.get("version", ""))
     if as_of is not None and version is not None:
         raise BadFilter("as_of and version: give one, not both")
-    return StreamQuery(service, stream[:500], as_of, version)
+    return StreamQuery(service, stream, as_of, version)
 
 
 def _moment(text: str) -> datetime | None:

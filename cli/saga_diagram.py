@@ -244,7 +244,7 @@ def _node(node: Node, visited: bool, where: Position | None, href: str) -> str:
         f'<a href="{_e(href)}"><g class="{" ".join(classes)}" data-node="{_e(node.id)}">'
         f'<rect x="{node.x}" y="{node.y}" width="{WIDTH}" height="{HEIGHT}" rx="6"/>{double}'
         f'<text x="{node.x + WIDTH / 2}" y="{node.y + 18}" class="label">{_e(_clip(node.label))}</text>'
-        f'<text x="{node.x + WIDTH / 2}" y="{node.y + 34}" class="note">{_e(node.note)}</text></g></a>'
+        f'<text x="{node.x + WIDTH / 2}" y="{node.y + 34}" class="note">{_e(_clip(node.note, 28))}</text></g></a>'
     )
 
 

@@ -154,6 +154,7 @@ def test_the_event_browser_shows_a_stream_as_of_a_version_or_a_time_and_refuses_
         ({"stream": stream, "service": "orders", "as_of": "yesterday"}, "as_of: 'yesterday' is not an ISO 8601 time"),
         ({"stream": stream, "service": "orders", "as_of": before, "version": "1"}, "give one, not both"),
         ({"stream": stream, "service": "inventory"}, "service: 'inventory' has no event store"),
+        ({"stream": "x" * 501, "service": "orders"}, "stream: longer than 500 characters"),
     ]:
         refused = console.get("/console/events", params=params)
         assert refused.status_code == 400 and why in html.unescape(refused.text), params
