@@ -86,8 +86,7 @@ def test_the_metrics_reference_documents_every_metric() -> None:
     """The reference page's table is generated from the code: it lists every metric family exported."""
     known = exported()
     table = {
-        family(name, known)
-        for name in re.findall(r"^\| `(estafeta_[a-z_]+)", reference().metrics_markdown(), re.M)
+        family(name, known) for name in re.findall(r"^\| `(estafeta_[a-z_]+)", reference().metrics_markdown(), re.M)
     }
     assert known - table == set()
 
