@@ -1,6 +1,6 @@
 """The order saga as a DBOS Transact workflow: the peer ``bench.sagas`` measures estafeta's saga against.
 
-Run by ``python -m bench.dbos_orders`` (one DBOS executor per process; bench/peers.py starts
+Run by ``python -m bench.dbos_orders`` (one DBOS executor per process; bench/peer_dbos.py starts
 as many as estafeta has worker processes) with ``BENCH_DBOS_SYSTEM_URL`` (DBOS's own system
 database), ``BENCH_DBOS_APP_URL`` (the benchmark's database, whose order-system tables the
 steps write) and ``BENCH_DBOS_CONCURRENCY`` (workflows at once per process). It prints
