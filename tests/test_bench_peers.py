@@ -20,6 +20,9 @@ from estafeta import Runtime, Settings
 from .services import admin_dsn, scratch_database
 
 pytestmark = pytest.mark.heavy
+# Both are in the bench extra (pip install -e '.[bench]'): without it, nothing here runs.
+pytest.importorskip("dbos", reason="DBOS is in the bench extra: pip install -e '.[bench]'")
+pytest.importorskip("pgqueuer", reason="pgqueuer is in the bench extra: pip install -e '.[bench]'")
 
 
 @pytest.fixture
@@ -31,7 +34,6 @@ def bench_database() -> Iterator[str]:
 
 
 def test_dbos_order_saga_completes_compensates_and_conserves_money_and_stock(bench_database: str) -> None:
-    pytest.importorskip("dbos", reason="DBOS is in the bench extra: pip install -e '.[bench]'")
     from bench import peer_dbos
 
     runtime = Runtime(Settings(database_url=bench_database))
@@ -79,7 +81,6 @@ def test_dbos_order_saga_completes_compensates_and_conserves_money_and_stock(ben
 
 
 def test_pgqueuer_worker_writes_one_row_per_job(bench_database: str) -> None:
-    pytest.importorskip("pgqueuer", reason="pgqueuer is in the bench extra: pip install -e '.[bench]'")
     from bench import peers
 
     found = peers.pgqueuer_rate(bench_database, 30)
