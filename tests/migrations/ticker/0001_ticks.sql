@@ -4,5 +4,8 @@ CREATE TABLE ticks (
     schedule  text        NOT NULL,
     tick      timestamptz NOT NULL,
     runs      int         NOT NULL DEFAULT 1,
+    -- When the step first recorded it (PostgreSQL's own time): a tick caught up after a
+    -- downtime is recorded seconds after the tick.
+    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (schedule, tick)
 );
