@@ -9,8 +9,6 @@ from typing import Any
 import click
 
 from estafeta import Schedule, Scheduler
-from estafeta._scheduler import run_status
-from sql import schedule_store as store
 
 from .context import current
 
@@ -36,44 +34,8 @@ def _scheduler(*schedules: Schedule) -> Scheduler:
 
 
 def schedule_rows() -> list[dict[str, Any]]:
-    """Every declared schedule with its stored state and its last run's fate, by service then name.
-
-    Registers schedules no worker has registered yet (their first tick after now), so
-    a schedule is listed as soon as it is declared and migrated.
-    """
-    scheduler = _scheduler()
-    if not scheduler.schedules:
-        return []
-    scheduler.register()
-    runtime = current().runtime
-    found: list[dict[str, Any]] = []
-    for service, schedules in scheduler.by_service().items():
-        with runtime.database(service).connection() as conn:
-            rows = {r.name: r for r in store.list_all(conn, service)}
-            for schedule in schedules:
-                row = rows[schedule.name]
-                found.append(_describe(schedule, row, run_status(runtime, conn, service, row)))
-    return found
-
-
-def _describe(schedule: Schedule, row: store.ScheduleRow, last_run: str | None) -> dict[str, Any]:
-    return {
-        "name": schedule.full_name,
-        "spec": schedule.spec,
-        "overlap": schedule.overlap.value,
-        "catch_up": schedule.catch_up.value,
-        "paused": row.paused,
-        "next_fire_at": None if row.paused else row.next_fire_at,
-        "last_tick": row.last_tick,
-        "last_fired_at": row.last_fired_at,
-        "last_message_id": row.last_message_id,
-        "last_run": last_run,
-        "last_outcome": row.last_outcome,
-        "last_outcome_at": row.last_outcome_at,
-        "fired": row.fired,
-        "skipped": row.skipped,
-        "missed": row.missed,
-    }
+    """Every declared schedule with its stored state and its last run's fate (``ScheduleState.as_dict``)."""
+    return [state.as_dict() for state in _scheduler().states()]
 
 
 def _when(value: datetime | None) -> str:
@@ -85,7 +47,8 @@ def _when(value: datetime | None) -> str:
 def list_command(as_json: bool) -> None:
     """Each schedule: its timing and policies, next firing, last firing, what became of its last run, last outcome.
 
-    next: when the next tick fires (paused: none); last fired: the tick last fired and
+    A schedule is registered (given its first tick) by the first worker that runs it,
+    or by pause, resume or trigger. next: when the next tick fires (paused: none); last fired: the tick last fired and
     its run: waiting to be published, published, not processed yet, processed,
     dead-lettered, publish failed; outcome: what the last pass over a due tick (or an
     operator) did: fired, skipped by the overlap policy, missed by the catch-up policy,
@@ -99,7 +62,12 @@ def list_command(as_json: bool) -> None:
         click.echo(f"app {current().app.name} declares no schedule")
         return
     for row in rows:
-        state = "paused" if row["paused"] else f"next {_when(row['next_fire_at'])}"
+        if not row["registered"]:
+            state = "not registered yet: no worker has run since it was declared"
+        elif row["paused"]:
+            state = "paused"
+        else:
+            state = f"next {_when(row['next_fire_at'])}"
         click.echo(f"{row['name']}  {row['spec']}  (overlap {row['overlap']}, catch-up {row['catch_up']})  {state}")
         click.echo(
             f"    last fired {_when(row['last_tick'])}: {row['last_run'] or '-'};"

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import attrs
 import dramatiq
 import psycopg
 
@@ -223,6 +224,18 @@ class Scheduler:
         except DatabaseError:
             logger.exception("schedule %s: cannot record its error", schedule.full_name)
 
+    def states(self) -> list[ScheduleState]:
+        """What an operator sees of each schedule (read only: a schedule no process registered has no row)."""
+        found: list[ScheduleState] = []
+        for service, schedules in self.by_service().items():
+            with self.runtime.database(service).connection() as conn:
+                rows = {r.name: r for r in store.list_all(conn, service)}
+                for schedule in schedules:
+                    row = rows.get(schedule.name)
+                    last_run = None if row is None else run_status(self.runtime, conn, service, row)
+                    found.append(ScheduleState(schedule, row, last_run))
+        return found
+
     def seconds_to_next(self) -> float | None:
         """Seconds until the next tick of any schedule (``None``: none runs)."""
         found: list[float] = []
@@ -249,6 +262,39 @@ class Scheduler:
                 pause = wait = min(max(pause * 2, interval), 30.0)
                 logger.exception("scheduler paused %.1fs by an unexpected error", wait)
             stop.wait(wait)
+
+
+@attrs.frozen
+class ScheduleState:
+    """A schedule as an operator sees it: its declaration, its row, and what became of its last run."""
+
+    schedule: Schedule
+    #: ``None`` until a worker process (or an operator's command) registered it.
+    row: store.ScheduleRow | None
+    #: :func:`run_status` of the last firing's message.
+    last_run: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (``str`` for times and ids): what ``estafeta schedules list --json`` prints."""
+        row, schedule = self.row, self.schedule
+        return {
+            "name": schedule.full_name,
+            "spec": schedule.spec,
+            "overlap": schedule.overlap.value,
+            "catch_up": schedule.catch_up.value,
+            "registered": row is not None,
+            "paused": bool(row and row.paused),
+            "next_fire_at": None if row is None or row.paused else row.next_fire_at,
+            "last_tick": row and row.last_tick,
+            "last_fired_at": row and row.last_fired_at,
+            "last_message_id": row and row.last_message_id,
+            "last_run": self.last_run,
+            "last_outcome": row and row.last_outcome,
+            "last_outcome_at": row and row.last_outcome_at,
+            "fired": row.fired if row else 0,
+            "skipped": row.skipped if row else 0,
+            "missed": row.missed if row else 0,
+        }
 
 
 #: What :func:`run_status` says of a run that is not finished.

@@ -319,7 +319,7 @@ def test_pause_stops_the_ticks_resume_starts_after_now_and_trigger_fires_once_no
     assert len(ticks(conn, "every_all")) == 4
 
 
-@pytest.mark.heavy  # seven CLI processes
+@pytest.mark.heavy  # eight CLI processes
 def test_the_cli_lists_pauses_resumes_and_triggers_and_refuses_an_unknown_name(
     database_url: str, runtime: Runtime, conn
 ) -> None:
@@ -330,10 +330,16 @@ def test_the_cli_lists_pauses_resumes_and_triggers_and_refuses_an_unknown_name(
     assert set(rows) == {s.full_name for s in app.schedules}
     slow = rows["ticker.slow"]
     assert slow["spec"] == "every 0:05:00" and slow["overlap"] == "skip" and slow["catch_up"] == "all"
-    assert slow["next_fire_at"] is not None and slow["last_tick"] is None and slow["fired"] == 0
+    # No worker ran: listed, not registered (the list writes nothing).
+    assert slow["registered"] is False and slow["next_fire_at"] is None and slow["fired"] == 0
+    assert (
+        "ticker.slow  every 0:05:00  (overlap skip, catch-up all)  not registered yet"
+        in run(env, "schedules", "list").stdout
+    )
 
     assert run(env, "schedules", "pause", "slow").returncode == 0
-    assert {r["name"]: r for r in json.loads(run(env, "schedules", "list", "--json").stdout)}["ticker.slow"]["paused"]
+    paused = {r["name"]: r for r in json.loads(run(env, "schedules", "list", "--json").stdout)}["ticker.slow"]
+    assert paused["registered"] and paused["paused"] and paused["next_fire_at"] is None
     triggered = run(env, "schedules", "trigger", "ticker.slow")
     assert triggered.returncode == 0, triggered.stderr
     message_id = uuid.UUID(triggered.stdout.split("message ")[1].strip())
@@ -353,3 +359,33 @@ def test_the_cli_lists_pauses_resumes_and_triggers_and_refuses_an_unknown_name(
             f"estafeta schedules {args[0]}: Invalid value for NAME: no schedule 'nope' in app ticker"
             f" (declared: {', '.join(s.full_name for s in app.schedules)})"
         ]
+
+
+def test_the_console_shows_each_schedule_s_next_and_last_firing_its_last_run_and_outcome(
+    ticker: AppUnderTest, conn
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from cli.web import WebOptions, create_app
+
+    clock = only(ticker, "slow", "every_all")
+    clock.set(datetime(2026, 6, 1, 12, 1, tzinfo=UTC))
+    clock.advance(timedelta(minutes=5))  # slow fires 12:05, not processed
+    clock.advance(timedelta(minutes=5))  # 12:10 skipped
+    ticker.scheduler.set_paused(app.schedule("every_all"), paused=True)
+    with TestClient(create_app(app, ticker.runtime, WebOptions())) as console:
+        page = console.get("/console/schedules")
+        assert page.status_code == 200
+        assert 'href="/console/schedules"' in console.get("/console").text
+    html = page.text
+    slow = re.search(r'<tr id="schedule-ticker.slow">(.*?)</tr>', html, re.S)
+    assert slow is not None
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", slow.group(1), re.S)]
+    assert cells[:5] == ["ticker.slow", "every 0:05:00", "skip", "all", "2026-06-01 12:15:00 UTC"]
+    assert cells[5:10] == ["2026-06-01 12:05:00 UTC", "published, not processed yet", "1", "1", "0"]
+    assert cells[10] == "skipped 1: the previous run is unfinished (published, not processed yet)"
+    every = re.search(r'<tr id="schedule-ticker.every_all">(.*?)</tr>', html, re.S)
+    assert every is not None and "paused" in every.group(1)
+    # Declared, never registered: said so rather than hidden.
+    never = re.search(r'<tr id="schedule-ticker.madrid_0230">(.*?)</tr>', html, re.S)
+    assert never is not None and "not registered yet" in never.group(1)
