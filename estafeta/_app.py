@@ -369,8 +369,10 @@ class App:
 
         Either way the broker becomes Dramatiq's global broker, carries the middleware
         steps need (and, for an app with sagas, the saga watchdog that runs in each worker
-        process; for an app with projections, its projectors, one active per projection
-        across all processes), and ``dramatiq`` workers consume one queue per service.
+        process; for an app with schedules, the scheduler that fires their ticks in each
+        worker process, each tick once; ``watchdog=False`` leaves both out; for an app with
+        projections, its projectors, one active per projection across all processes), and
+        ``dramatiq`` workers consume one queue per service.
         """
         from ._binding import bind_app, bind_from_env
 

@@ -14,6 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -389,3 +390,19 @@ def test_the_console_shows_each_schedule_s_next_and_last_firing_its_last_run_and
     # Declared, never registered: said so rather than hidden.
     never = re.search(r'<tr id="schedule-ticker.madrid_0230">(.*?)</tr>', html, re.S)
     assert never is not None and "not registered yet" in never.group(1)
+
+
+def test_the_how_to_s_app_and_its_test_do_what_the_page_says(runtime: Runtime) -> None:
+    # docs/how-to/schedules.md declares an app and a test of it: both run here, as written.
+    page = (Path(__file__).parents[1] / "docs" / "how-to" / "schedules.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    namespace: dict[str, Any] = {}
+    for block in blocks:
+        exec(compile(block, "docs/how-to/schedules.md", "exec"), namespace)
+    declared = namespace["app"]
+    declared.migrate(runtime)
+    bound = AppUnderTest(declared, runtime)
+    try:
+        namespace["test_after_a_downtime_only_the_last_report_is_sent"](bound, bound.clock)
+    finally:
+        bound.close()
