@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 import dramatiq
 import psycopg
+import psycopg.errors
 
 from sql import clock
 from sql import schedule_store as store
@@ -257,7 +258,10 @@ class Scheduler:
                 pause = interval
             except DatabaseError as exc:
                 pause = wait = min(max(pause * 2, interval), 30.0)
-                logger.warning("scheduler paused %.1fs: %s", wait, exc)
+                if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+                    logger.info("scheduler idle: the schedules tables are not migrated yet (estafeta migrate)")
+                else:
+                    logger.warning("scheduler paused %.1fs: %s", wait, exc)
             except Exception:
                 pause = wait = min(max(pause * 2, interval), 30.0)
                 logger.exception("scheduler paused %.1fs by an unexpected error", wait)

@@ -10,6 +10,7 @@ import itertools
 import json
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -62,7 +63,9 @@ def test_every_second_fires_each_tick_once_at_whole_seconds(ticker: AppUnderTest
     clock = only(ticker, "every_all")
     start = datetime(2026, 6, 1, 12, 0, 0, 400_000, tzinfo=UTC)
     clock.set(start)
-    passes = clock.advance(timedelta(seconds=10))
+    # The clock also runs on in real time: set it (0.6 s before the next tick), then pass.
+    clock.clock.set(datetime(2026, 6, 1, 12, 0, 10, 400_000, tzinfo=UTC))
+    passes = clock.run_due()
     assert passes.schedules == Counter(fired=10) and passes.published == 10
     ticker.run_until_idle()
     expected = [datetime(2026, 6, 1, 12, 0, s, tzinfo=UTC) for s in range(1, 11)]
@@ -71,7 +74,7 @@ def test_every_second_fires_each_tick_once_at_whole_seconds(ticker: AppUnderTest
     assert (state.fired, state.missed, state.skipped) == (10, 0, 0)
     assert state.next_fire_at == datetime(2026, 6, 1, 12, 0, 11, tzinfo=UTC)
     assert state.last_tick == expected[-1]
-    clock.clock.set(datetime(2026, 6, 1, 12, 0, 10, 800_000, tzinfo=UTC))
+    clock.clock.set(datetime(2026, 6, 1, 12, 0, 10, 500_000, tzinfo=UTC))
     assert clock.run_due().schedules == Counter()  # nothing due before 12:00:11
 
 
@@ -89,7 +92,8 @@ def test_after_a_downtime_the_catch_up_policy_fires_all_the_last_or_none_and_cou
 ) -> None:
     clock = only(ticker, name)
     clock.set(datetime(2026, 6, 1, 12, 0, 0, 100_000, tzinfo=UTC))
-    assert clock.advance(timedelta(seconds=1)).schedules == Counter(fired=1)  # 12:00:01, on time
+    clock.clock.set(datetime(2026, 6, 1, 12, 0, 1, 100_000, tzinfo=UTC))
+    assert clock.run_due().schedules == Counter(fired=1)  # 12:00:01, on time
     # Downtime: the time runs on with no pass until 12:00:31 plus offset (set, not advanced:
     # the time also runs on in real time, and the offsets leave 0.3 s to the next tick).
     clock.clock.set(datetime(2026, 6, 1, 12, 0, 31, offset_ms * 1000, tzinfo=UTC))
@@ -159,13 +163,37 @@ def test_concurrent_schedulers_fire_each_tick_exactly_once(ticker: AppUnderTest,
     assert all(runs == 1 for n in ("every_all", "every_last", "every_none") for _, runs in ticks(conn, n))
 
 
-def test_a_tick_claimed_by_another_transaction_is_skipped_not_fired_again(ticker: AppUnderTest, runtime) -> None:
-    clock = only(ticker, "every_all")
-    clock.set(datetime(2026, 6, 1, 12, 0, 0, 500_000, tzinfo=UTC))
-    clock.clock.advance(timedelta(seconds=1))
+def test_a_worker_s_scheduler_thread_fires_on_the_real_clock_and_stops_when_told(runtime: Runtime, conn) -> None:
     schedule = app.schedule("every_all")
+    scheduler = Scheduler(runtime, [schedule])
+    stop = threading.Event()
+    thread = threading.Thread(target=scheduler.run, args=(stop,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 5
+        fired = conn.execute("SELECT fired > 0 FROM ticker.schedules WHERE name = 'every_all'").fetchone()
+        while fired != (True,):
+            assert time.monotonic() < deadline, "no tick fired within 5 s"
+            time.sleep(0.05)
+            fired = conn.execute("SELECT fired > 0 FROM ticker.schedules WHERE name = 'every_all'").fetchone()
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
+    state = row(conn, "every_all")
+    tick = state.last_tick
+    assert tick is not None and tick.microsecond == 0
+    queued = conn.execute("SELECT message_id FROM ticker.outbox WHERE message_id = %s", (state.last_message_id,))
+    assert queued.fetchone() == (schedule.tick_message_id(tick),)
+
+
+def test_a_tick_claimed_by_another_transaction_is_skipped_not_fired_again(ticker: AppUnderTest, runtime) -> None:
+    clock = only(ticker, "broken")  # every minute (it raises only with TICKER_BROKEN set)
+    clock.set(datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC))
+    clock.clock.set(datetime(2026, 6, 1, 12, 1, 0, 100_000, tzinfo=UTC))  # 12:01 due, 12:02 a minute away
+    schedule = app.schedule("broken")
     with runtime.database("ticker").transaction() as holding:
-        assert schedule_store.claim_due(holding, "ticker", "every_all") is not None  # another process's firing
+        assert schedule_store.claim_due(holding, "ticker", "broken") is not None  # another process's firing
         assert Scheduler(runtime, [schedule]).fire(schedule) == Counter()  # skipped, not waited for
     assert Scheduler(runtime, [schedule]).fire(schedule) == Counter(fired=1)  # the holder rolled back
     assert Scheduler(runtime, [schedule]).fire(schedule) == Counter()
@@ -241,6 +269,7 @@ def test_overlap_skip_waits_for_the_previous_run_to_be_processed(ticker: AppUnde
     state = row(conn, "slow")
     assert state.last_outcome == "skipped 1: the previous run is unfinished (published, not processed yet)"
     ticker.run_until_idle()  # the 12:05 run is processed
+    assert [st.last_run for st in ticker.scheduler.states()] == ["processed"]
     assert clock.advance(timedelta(minutes=5)).schedules == Counter(fired=1)  # 12:15
     # A downtime under catch_up="all": the first missed tick fires, the others find it unfinished.
     clock.clock.advance(timedelta(minutes=20))
@@ -255,32 +284,32 @@ def test_overlap_skip_waits_for_the_previous_run_to_be_processed(ticker: AppUnde
 def test_a_schedule_that_raises_is_recorded_and_retried_while_the_others_fire(
     ticker: AppUnderTest, conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = only(ticker, "broken", "every_all")
+    clock = only(ticker, "broken", "slow")
     clock.set(datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC))
     monkeypatch.setenv("TICKER_BROKEN", "1")
-    passes = clock.advance(timedelta(minutes=1))
-    assert passes.schedules == Counter(fired=60, error=1)
+    passes = clock.advance(timedelta(minutes=5))  # 12:05:30
+    assert passes.schedules == Counter(fired=1, error=1)  # slow's 12:05; broken's 12:01 raised
     broken = row(conn, "broken")
     assert broken.last_outcome == "error: RuntimeError: the report server is down" and broken.fired == 0
     assert broken.next_fire_at == datetime(2026, 6, 1, 12, 1, tzinfo=UTC)  # still due
     monkeypatch.delenv("TICKER_BROKEN")
-    assert clock.run_due().schedules == Counter(fired=1)
+    assert clock.run_due().schedules == Counter(fired=5)  # 12:01 to 12:05, caught up
     ticker.run_until_idle()
-    assert [t for t, _ in ticks(conn, "broken")] == [datetime(2026, 6, 1, 12, 1, tzinfo=UTC)]
+    assert [f"{t:%H:%M}" for t, _ in ticks(conn, "broken")] == ["12:01", "12:02", "12:03", "12:04", "12:05"]
 
 
 def test_a_changed_declaration_restarts_at_its_first_tick_and_keeps_the_history(ticker: AppUnderTest, conn) -> None:
-    clock = only(ticker, "every_all")
-    clock.set(datetime(2026, 6, 1, 12, 0, 0, 500_000, tzinfo=UTC))
-    clock.advance(timedelta(seconds=3))
+    clock = only(ticker, "broken")  # every minute
+    clock.set(datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC))
+    assert clock.advance(timedelta(minutes=3)).schedules == Counter(fired=3)
     with ticker.runtime.database("ticker").transaction() as tx:
-        tx.execute("UPDATE ticker.schedules SET spec = 'every 0:00:07' WHERE name = 'every_all'")
+        tx.execute("UPDATE ticker.schedules SET spec = 'every 0:07:00' WHERE name = 'broken'")
     # A process with the other declaration leaves the row alone; this one restarts it on register.
-    assert clock.advance(timedelta(seconds=2)).schedules == Counter()
+    assert clock.advance(timedelta(minutes=2)).schedules == Counter()
     ticker.scheduler.register()
-    state = row(conn, "every_all")
-    assert state.spec == "every 0:00:01" and state.fired == 3
-    assert state.next_fire_at == datetime(2026, 6, 1, 12, 0, 6, tzinfo=UTC)
+    state = row(conn, "broken")
+    assert state.spec == "every 0:01:00" and state.fired == 3
+    assert state.next_fire_at == datetime(2026, 6, 1, 12, 6, tzinfo=UTC)
 
 
 def test_declarations_are_checked_when_made() -> None:
@@ -302,22 +331,22 @@ def test_declarations_are_checked_when_made() -> None:
 
 
 def test_pause_stops_the_ticks_resume_starts_after_now_and_trigger_fires_once_now(ticker: AppUnderTest, conn) -> None:
-    clock = only(ticker, "every_all")
-    schedule = app.schedule("every_all")
-    clock.set(datetime(2026, 6, 1, 12, 0, 0, 500_000, tzinfo=UTC))
-    assert clock.advance(timedelta(seconds=2)).schedules == Counter(fired=2)
+    clock = only(ticker, "broken")  # every minute
+    schedule = app.schedule("broken")
+    clock.set(datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC))
+    assert clock.advance(timedelta(minutes=2)).schedules == Counter(fired=2)
     ticker.scheduler.set_paused(schedule, paused=True)
-    assert clock.advance(timedelta(seconds=5)).schedules == Counter()
+    assert clock.advance(timedelta(minutes=5)).schedules == Counter()  # 12:07:30
     message_id = ticker.scheduler.trigger(schedule)  # fires now although paused: the operator asked
     assert clock.run_due().published == 1
     ticker.scheduler.set_paused(schedule, paused=False)
-    state = row(conn, "every_all")
+    state = row(conn, "broken")
     assert not state.paused and state.last_message_id == message_id and state.fired == 3
-    assert state.next_fire_at == datetime(2026, 6, 1, 12, 0, 8, tzinfo=UTC)  # the paused ticks are not caught up
+    assert state.next_fire_at == datetime(2026, 6, 1, 12, 8, tzinfo=UTC)  # the paused ticks are not caught up
     assert state.last_outcome == "resumed by an operator"
-    assert clock.advance(timedelta(seconds=1)).schedules == Counter(fired=1)
+    assert clock.advance(timedelta(minutes=1)).schedules == Counter(fired=1)
     ticker.run_until_idle()
-    assert len(ticks(conn, "every_all")) == 4
+    assert len(ticks(conn, "broken")) == 4
 
 
 @pytest.mark.heavy  # eight CLI processes
@@ -369,11 +398,11 @@ def test_the_console_shows_each_schedule_s_next_and_last_firing_its_last_run_and
 
     from cli.web import WebOptions, create_app
 
-    clock = only(ticker, "slow", "every_all")
+    clock = only(ticker, "slow", "broken")
     clock.set(datetime(2026, 6, 1, 12, 1, tzinfo=UTC))
     clock.advance(timedelta(minutes=5))  # slow fires 12:05, not processed
     clock.advance(timedelta(minutes=5))  # 12:10 skipped
-    ticker.scheduler.set_paused(app.schedule("every_all"), paused=True)
+    ticker.scheduler.set_paused(app.schedule("broken"), paused=True)
     with TestClient(create_app(app, ticker.runtime, WebOptions())) as console:
         page = console.get("/console/schedules")
         assert page.status_code == 200
@@ -385,7 +414,7 @@ def test_the_console_shows_each_schedule_s_next_and_last_firing_its_last_run_and
     assert cells[:5] == ["ticker.slow", "every 0:05:00", "skip", "all", "2026-06-01 12:15:00 UTC"]
     assert cells[5:10] == ["2026-06-01 12:05:00 UTC", "published, not processed yet", "1", "1", "0"]
     assert cells[10] == "skipped 1: the previous run is unfinished (published, not processed yet)"
-    every = re.search(r'<tr id="schedule-ticker.every_all">(.*?)</tr>', html, re.S)
+    every = re.search(r'<tr id="schedule-ticker.broken">(.*?)</tr>', html, re.S)
     assert every is not None and "paused" in every.group(1)
     # Declared, never registered: said so rather than hidden.
     never = re.search(r'<tr id="schedule-ticker.madrid_0230">(.*?)</tr>', html, re.S)
