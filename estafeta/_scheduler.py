@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 #: At most this many missed ticks are fired by one transaction (catch-up ``all``); the rest next pass.
 MAX_TICKS_PER_FIRING = 100
+#: Seconds between a worker's registrations of its schedules (see :meth:`Scheduler.run`).
+REGISTER_AGAIN_SECONDS = 60.0
 #: Missed ticks counted one by one under ``last`` and ``none``; past it, the count says "at least".
 MAX_TICKS_COUNTED = 10_000
 
@@ -250,8 +253,15 @@ class Scheduler:
     def run(self, stop: threading.Event, interval: float = 1.0) -> None:
         """Fire due ticks until ``stop`` is set, waking at the next tick (at least every ``interval`` s); never dies."""
         pause = interval
+        registered_at = time.monotonic()
         while not stop.is_set():
             try:
+                if time.monotonic() - registered_at > REGISTER_AGAIN_SECONDS:
+                    # A row another deploy declared otherwise is left alone by fire(); this
+                    # makes it this process's again, so a rolling deploy that changed a
+                    # schedule ends with the new timing once the old workers are gone.
+                    self.register()
+                    registered_at = time.monotonic()
                 self.fire_due()
                 upcoming = self.seconds_to_next()
                 wait = interval if upcoming is None else min(max(upcoming, 0.01), interval)
