@@ -140,15 +140,7 @@ class Scheduler:
         )
 
     def _plan(self, conn: psycopg.Connection[Any], schedule: Schedule, row: store.ScheduleRow) -> store.Firing:
-        ticks, more = _ticks_to_fire(schedule, row)
-        missed = 0
-        if schedule.catch_up is CatchUp.ALL:
-            next_fire_at = schedule.timing.next_after(ticks[-1])
-        else:
-            counted, beyond = schedule.due_ticks(row.next_fire_at, row.now, MAX_TICKS_COUNTED)
-            missed = len(counted) - len(ticks)
-            next_fire_at = schedule.timing.next_after(row.now)
-            more = beyond
+        ticks, missed, more, next_fire_at = _choose_ticks(schedule, row)
         # The overlap policy's question, asked once: the runs fired below are unfinished by definition.
         previous = run_status(self.runtime, conn, schedule.service.name, row) if ticks else None
         unfinished = schedule.overlap is Overlap.SKIP and previous in UNFINISHED
@@ -340,14 +332,21 @@ def run_status(runtime: Runtime, conn: psycopg.Connection[Any], service: str, ro
     return handled or "published, not processed yet"
 
 
-def _ticks_to_fire(schedule: Schedule, row: store.ScheduleRow) -> tuple[list[datetime], bool]:
-    """The due ticks the catch-up policy fires (``ALL``: up to a batch; more next pass), and whether more remain."""
+def _choose_ticks(schedule: Schedule, row: store.ScheduleRow) -> tuple[list[datetime], int, bool, datetime]:
+    """The due ticks the catch-up policy fires, how many it misses, whether more remain, and the next tick.
+
+    ``ALL`` fires up to a batch (the rest next pass). ``LAST`` and ``NONE`` count the due
+    ticks forward from ``next_fire_at`` (up to :data:`MAX_TICKS_COUNTED`; the latest is
+    then found backwards), so the tick fired is never one before ``next_fire_at``.
+    """
     if schedule.catch_up is CatchUp.ALL:
-        return schedule.due_ticks(row.next_fire_at, row.now, MAX_TICKS_PER_FIRING)
-    latest = schedule.timing.latest_through(row.now)
-    if schedule.catch_up is CatchUp.NONE and row.now - latest > schedule.grace:
-        return [], False
-    return [latest], False
+        ticks, more = schedule.due_ticks(row.next_fire_at, row.now, MAX_TICKS_PER_FIRING)
+        return ticks, 0, more, schedule.timing.next_after(ticks[-1])
+    counted, beyond = schedule.due_ticks(row.next_fire_at, row.now, MAX_TICKS_COUNTED)
+    latest = max(schedule.timing.latest_through(row.now), counted[-1]) if beyond else counted[-1]
+    fired = [] if schedule.catch_up is CatchUp.NONE and row.now - latest > schedule.grace else [latest]
+    missed = len(counted) - (1 if fired and latest == counted[-1] else 0)
+    return fired, missed, beyond, schedule.timing.next_after(row.now)
 
 
 def _send_tick(

@@ -22,14 +22,14 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 
-from estafeta import Runtime, Scheduler
+from estafeta import CatchUp, Overlap, Runtime, Schedule, Scheduler
 from estafeta._schedule_spec import Cron, Every, timing_of
 from estafeta.testing import AppUnderTest, VirtualClock
 from sql import schedule_store
 
 from .integration.processes import service_env
 from .test_cli import run
-from .ticker import SERVICE, app
+from .ticker import SERVICE, Tick, app
 
 MADRID = ZoneInfo("Europe/Madrid")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -112,6 +112,20 @@ def test_after_a_downtime_the_catch_up_policy_fires_all_the_last_or_none_and_cou
     assert state.fired + state.missed == 31 and state.missed == missed
     if missed:
         assert f"missed {missed} by the catch-up policy" in (state.last_outcome or "")
+
+
+def test_after_three_hours_down_catch_up_last_fires_the_latest_and_says_at_least_how_many_were_missed(
+    ticker: AppUnderTest, conn
+) -> None:
+    clock = only(ticker, "every_last")
+    clock.set(datetime(2026, 6, 1, 12, 0, 0, 200_000, tzinfo=UTC))
+    clock.clock.set(datetime(2026, 6, 1, 15, 0, 0, 200_000, tzinfo=UTC))  # 10,800 ticks due
+    assert clock.run_due().schedules == Counter(fired=1, missed=10_000)  # counted up to 10,000
+    ticker.run_until_idle()
+    assert ticks(conn, "every_last") == [(datetime(2026, 6, 1, 15, 0, 0, tzinfo=UTC), 1)]
+    state = row(conn, "every_last")
+    assert state.last_outcome is not None and "missed 10000+ by the catch-up policy" in state.last_outcome
+    assert state.next_fire_at == datetime(2026, 6, 1, 15, 0, 1, tzinfo=UTC)
 
 
 def test_a_long_catch_up_fires_in_batches_until_nothing_is_due(ticker: AppUnderTest, conn) -> None:
@@ -245,6 +259,27 @@ def test_cron_in_madrid_on_the_night_the_clocks_go_back(ticker: AppUnderTest, co
     instants = [t for t, _ in ticks(conn, "madrid_half_hourly")]
     assert {b - a for a, b in itertools.pairwise(instants)} == {timedelta(minutes=30)}
     assert all(runs == 1 for _, runs in ticks(conn, "madrid_half_hourly"))
+
+
+def test_catching_up_in_the_repeated_hour_fires_the_latest_tick_not_an_hour_earlier(ticker: AppUnderTest, conn) -> None:
+    # 2026-10-25 in Madrid: 02:50 happens twice. At the second 02:50 (CET, 01:50 UTC) the
+    # latest half-hour tick is the second 02:30 (01:30 UTC), not the first (00:30 UTC).
+    schedule = Schedule(
+        SERVICE,
+        "madrid_half_hourly_last",
+        Cron("*/30 * * * *", "Europe/Madrid"),
+        lambda tick: Tick("madrid_half_hourly_last", tick),
+        overlap=Overlap.ALLOW,
+        catch_up=CatchUp.LAST,
+        grace=timedelta(minutes=1),
+    )
+    ticker.scheduler = ticker.clock.scheduler = Scheduler(ticker.runtime, [schedule])
+    ticker.clock.set(datetime(2026, 10, 25, 0, 50, tzinfo=UTC))  # the first 02:50 (CEST)
+    ticker.clock.clock.set(datetime(2026, 10, 25, 1, 50, tzinfo=UTC))  # the second, an hour later
+    assert ticker.clock.run_due().schedules == Counter(fired=1, missed=1)  # 01:00 UTC missed
+    ticker.run_until_idle()
+    assert _local(ticks(conn, "madrid_half_hourly_last"), MADRID) == ["10-25 02:30+0100"]
+    assert row(conn, "madrid_half_hourly_last").next_fire_at == datetime(2026, 10, 25, 2, 0, tzinfo=UTC)
 
 
 def test_cron_in_new_york_follows_its_own_dst_and_weekdays(ticker: AppUnderTest, conn) -> None:
