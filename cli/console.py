@@ -38,7 +38,7 @@ from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
-from . import console_charts, console_data, console_lists, saga_diagram
+from . import console_charts, console_data, console_lists, console_schedules, saga_diagram
 
 logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), no scripts at all.
@@ -109,6 +109,7 @@ class Console:
         self.router.add_api_route("/outbox/failed", self.failed_rows, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts", self.charts_page, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts/frame", self.charts_frame, methods=["GET"], response_class=HTMLResponse)
+        console_schedules.add_routes(self)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
