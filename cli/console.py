@@ -4,7 +4,7 @@ Server-rendered pages (no build step, one small inline script of its own that sh
 in the reader's time zone) about any app: each service's outbox backlog and its oldest
 wait, failed outbox rows, scheduled messages, dead letters grouped by cause, sagas by
 status, stuck and failed sagas, one saga's timeline and diagram, projections and their
-lag, and the event streams. Everything is read from the
+lag, the event streams, and the recurring schedules. Everything is read from the
 services' databases, so the console shows the same on RabbitMQ, Redis or any broker.
 
 It is read-only unless ``estafeta serve --allow-actions``: then it can put failed outbox
@@ -42,7 +42,7 @@ from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
-from . import console_charts, console_data, console_lists, console_models, saga_diagram, saga_labels
+from . import console_charts, console_data, console_lists, console_models, console_schedules, saga_diagram, saga_labels
 
 logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), and no script but
@@ -121,6 +121,7 @@ class Console:
         self.router.add_api_route("/outbox/scheduled", self.scheduled, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts", self.charts_page, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts/frame", self.charts_frame, methods=["GET"], response_class=HTMLResponse)
+        console_schedules.add_routes(self)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])

@@ -53,6 +53,10 @@ class Runtime:
         self._embedded_dsn: str | None = None
         self._locks: LockBackend | None = None
         self._mutex = threading.Lock()
+        #: Whether each database's first use connects in the caller's thread before its pool
+        #: starts (:class:`sql.pool.Database`): the CLI's commands report a refused or
+        #: unreachable server at once rather than after the pool's 10 s of retries.
+        self.connect_first = False
 
     def dsn_for(self, service: str) -> str:
         """The resolved DSN of ``service``'s database."""
@@ -70,7 +74,9 @@ class Runtime:
         with self._mutex:
             database = self._databases.get(dsn)
             if database is None:
-                database = self._databases[dsn] = Database(dsn, max_size=self.settings.pool_size)
+                database = self._databases[dsn] = Database(
+                    dsn, max_size=self.settings.pool_size, connect_first=self.connect_first
+                )
             return database
 
     @property
