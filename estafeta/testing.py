@@ -11,10 +11,10 @@ configuration (``estafeta_app = "mypackage.app:app"``) or override the
   (:class:`AppUnderTest`: ``run_until_idle``, ``sent_to``, ``drop``, ``drain_outbox``,
   ``transitions``);
 - ``estafeta_runtime``: that app's :class:`~estafeta.Runtime`;
-- ``clock``: a :class:`VirtualClock` over the app's schemas: ``clock.advance(timedelta)``
-  and ``clock.set(datetime)`` move saga deadlines, delayed sends, backoffs and schedules'
-  ticks due, then run the watchdog, scheduler and relay passes the move made due,
-  synchronously.
+- ``clock``: a :class:`VirtualClock` over the app's schemas, stopped (it reads one instant
+  until the test moves it): ``clock.advance(timedelta)`` and ``clock.set(datetime)`` move
+  saga deadlines, delayed sends, backoffs and schedules' ticks due, then run the watchdog,
+  scheduler and relay passes the move made due, synchronously.
 
 A 30-second saga timeout is then tested in milliseconds, without ``sleep``.
 """
@@ -272,5 +272,10 @@ def estafeta_app(estafeta_declared_app: App, estafeta_runtime: Runtime) -> Itera
 
 @pytest.fixture
 def clock(estafeta_app: AppUnderTest) -> VirtualClock:
-    """The app's clock: ``advance`` and ``set`` move it and run the passes that fell due."""
+    """The app's clock, stopped: it reads one instant until ``advance`` or ``set`` moves it.
+
+    Each move runs the passes that fell due. Stopped, "one second later" is exactly one
+    second later, however long the test's own statements took.
+    """
+    estafeta_app.clock.clock.stop()
     return estafeta_app.clock
