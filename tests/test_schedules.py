@@ -446,8 +446,11 @@ def test_the_console_shows_each_schedule_s_next_and_last_firing_its_last_run_and
     slow = re.search(r'<tr id="schedule-ticker.slow">(.*?)</tr>', html, re.S)
     assert slow is not None
     cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", slow.group(1), re.S)]
-    assert cells[:5] == ["ticker.slow", "every 0:05:00", "skip", "all", "2026-06-01 12:15:00 UTC"]
-    assert cells[5:10] == ["2026-06-01 12:05:00 UTC", "published, not processed yet", "1", "1", "0"]
+    # Times as <time datetime> (the page's script shows them in the reader's zone), UTC and age in the text.
+    assert cells[:4] == ["ticker.slow", "every 0:05:00", "skip", "all"]
+    assert cells[4].startswith("2026-06-01 12:15:00 UTC · ") and cells[5].startswith("2026-06-01 12:05:00 UTC · ")
+    assert '<time datetime="2026-06-01T12:15:00+00:00"' in slow.group(1)
+    assert cells[6:10] == ["published, not processed yet", "1", "1", "0"]
     assert cells[10] == "skipped 1: the previous run is unfinished (published, not processed yet)"
     every = re.search(r'<tr id="schedule-ticker.broken">(.*?)</tr>', html, re.S)
     assert every is not None and "paused" in every.group(1)
