@@ -20,7 +20,7 @@ demo: $(STAMP)
 ## suite needs (make system-deps).
 test: $(STAMP) lint typecheck
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
-	$(BIN)/pytest -m "not heavy"
+	$(BIN)/pytest -m "not heavy" --durations=15
 
 ## The long runs (volume under kills, clusters, failover, network faults, a pip install);
 ## .ci/run runs them after make test, so CI runs every test. The benchmark's peers are tested
