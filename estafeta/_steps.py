@@ -332,6 +332,8 @@ def _run(
             with step_tx.committing(conn):
                 _answer(ctx, spec, str(message_id), ok=True, result=result)
                 _before_commit(held, conn)
+    if runtime.wakes_after_commit:
+        runtime.wake_after_commit(database, spec.service)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
 
@@ -350,13 +352,27 @@ def _begin(
     """
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
-        return step_tx.begin(conn, spec.service, spec.actor_name, message_id, None, lock_timeout_ms=timeout_ms)
+        return step_tx.begin(
+            conn,
+            spec.service,
+            spec.actor_name,
+            message_id,
+            None,
+            lock_timeout_ms=timeout_ms,
+            wake_after_commit=runtime.wakes_after_commit,
+        )
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
     try:
         key = spec.lock(command)
         opened = step_tx.begin(
-            conn, spec.service, spec.actor_name, message_id, key, lock_timeout_ms=runtime.locks.timeout_ms
+            conn,
+            spec.service,
+            spec.actor_name,
+            message_id,
+            key,
+            lock_timeout_ms=runtime.locks.timeout_ms,
+            wake_after_commit=runtime.wakes_after_commit,
         )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
