@@ -32,7 +32,7 @@ def relay_round(found: Services, rows: int, profile: str | None, *args: str) -> 
         spy = None
         if profile:
             spy = subprocess.Popen(
-                [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "-o", profile],
+                [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--gil", "-o", profile],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
