@@ -31,8 +31,9 @@ def relay_round(found: Services, rows: int, profile: str | None, *args: str) -> 
         pid = started[0].popen.pid
         spy = None
         if profile:
+            spy_args = ["record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--gil", "-o", profile]
             spy = subprocess.Popen(
-                [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--gil", "-o", profile],
+                [str(BIN / "py-spy"), *spy_args],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
