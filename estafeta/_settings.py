@@ -92,14 +92,14 @@ class Settings:
     #: Seconds between relay polls when no NOTIFY wakes it.
     relay_poll_interval: float = 1.0
     #: How a commit that wrote outbox rows or events wakes the relays and projectors:
-    #: ``notify`` (a ``NOTIFY`` inside the transaction, delivered at its commit; PostgreSQL
-    #: commits notifying transactions one at a time), ``after-commit`` (a step's transaction
-    #: sends none; once it committed, a thread of the worker process sends them from a
-    #: connection of its own, several steps' at once; writes outside steps still NOTIFY at
-    #: commit) or ``poll`` (no ``NOTIFY`` from this process's pools: relays and projectors
-    #: find rows at their poll interval, so lower ``ESTAFETA_RELAY_POLL_INTERVAL``). See
-    #: docs/performance.md for the figures behind the default.
-    wakeup: str = "notify"
+    #: ``after-commit`` (a step's transaction sends no ``NOTIFY``; once it committed, a thread
+    #: of the worker process sends the wake-ups of every step committed since its last round
+    #: from a connection of its own; writes outside steps still NOTIFY at commit), ``notify``
+    #: (a ``NOTIFY`` inside every writing transaction, delivered at its commit: PostgreSQL
+    #: commits notifying transactions one at a time) or ``poll`` (no ``NOTIFY`` from this
+    #: process's pools: relays and projectors find rows at their poll interval, so lower
+    #: ``ESTAFETA_RELAY_POLL_INTERVAL``). The default comes from docs/performance.md, "Wake-ups".
+    wakeup: str = "after-commit"
     #: Publish attempts before an outbox row becomes ``failed``.
     relay_max_attempts: int = 5
     #: Standbys (``pg_stat_replication``) that must have flushed an outbox row's commit before

@@ -51,7 +51,8 @@ class Waker:
         """Wake ``schema``'s relays and projectors soon (call after the commit)."""
         with self._mutex:
             self._pending.add(schema)
-            if self._thread is None:
+            # Not alive: never started, or this is a child forked after it started.
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="estafeta-waker", daemon=True)
                 self._thread.start()
         self._ready.set()
