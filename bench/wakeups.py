@@ -6,14 +6,16 @@ queue is taken at the commit and held until it is flushed). The other policies:
 ``after-commit`` (the transaction sends nothing; a waker thread of the writer's process
 NOTIFYs from a connection of its own once it has committed, coalescing what piles up) and
 ``poll`` (no NOTIFY at all). On a scratch database, with one LISTEN connection reading
-both channels (as a relay and a projector would), writer processes run for ``--seconds``:
+both channels (as a relay and a projector would), writers run for ``--seconds``, as threads
+of ``--processes`` processes (2, the default worker shape; ``--processes 16`` gives each
+writer a process, and a waker, of its own):
 
 - **append**: one transaction per single-event append, each writer to its own streams;
 - **step**: the ping step delivered by ``estafeta.deliver`` (count, inbox row, the ping's
   row, its outbox row, commit), as a worker thread runs it.
 
 The policies take turns at each writer count (``--rounds`` times; the median is shown), so
-the machine's noise falls on all three. Writers are processes started once and reused.
+the machine's noise falls on all three. The writer processes are started once and reused.
 """
 
 from __future__ import annotations
@@ -64,32 +66,53 @@ def prepare(dsn: str) -> None:
     runtime.close()
 
 
-def _appends(dsn: str, policy: str, start_at: float, seconds: float, index: int) -> int:
+def _threads(count: int, work: Any) -> int:
+    """Run ``work(thread_index)`` on ``count`` threads; the sum of what they return."""
+    done = [0] * count
+
+    def run(i: int) -> None:
+        done[i] = work(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done)
+
+
+def _appends(dsn: str, policy: str, start_at: float, seconds: float, index: int, threads: int) -> int:
     from estafeta._events import EventStore
     from estafeta._wakeups import Waker
 
     from .events_workers import STREAMS, ItemAdded, registry
 
     store = EventStore(SCHEMA, registry)
+    # One waker per process, as a worker process has: its threads' wake-ups share its rounds.
     waker = Waker(dsn) if policy == "after-commit" else None
-    prefix = f"cart-{index}-{uuid.uuid4().hex[:8]}"
-    versions = [0] * STREAMS
-    done = 0
-    with psycopg.connect(dsn) as conn:
-        if policy != "notify":  # what a step's transaction (after-commit) or a poll pool's session says
-            conn.execute("SELECT set_config('estafeta.wakeup', %s, false)", (policy,))
-            conn.commit()
-        time.sleep(max(0.0, start_at - time.time()))
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            stream = done % STREAMS
-            store.append(conn, f"{prefix}-{stream}", [ItemAdded("sku-42", 3)], expected_version=versions[stream])
-            conn.commit()
-            if waker is not None:
-                waker.wake(SCHEMA)
-            versions[stream] += 1
-            done += 1
-        _linger(start_at, seconds)
+
+    def writer(thread: int) -> int:
+        prefix = f"cart-{index}-{thread}-{uuid.uuid4().hex[:8]}"
+        versions = [0] * STREAMS
+        done = 0
+        with psycopg.connect(dsn) as conn:
+            if policy != "notify":  # what a step's transaction (after-commit) or a poll pool's session says
+                conn.execute("SELECT set_config('estafeta.wakeup', %s, false)", (policy,))
+                conn.commit()
+            time.sleep(max(0.0, start_at - time.time()))
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                stream = done % STREAMS
+                store.append(conn, f"{prefix}-{stream}", [ItemAdded("sku-42", 3)], expected_version=versions[stream])
+                conn.commit()
+                if waker is not None:
+                    waker.wake(SCHEMA)
+                versions[stream] += 1
+                done += 1
+            _linger(start_at, seconds)
+        return done
+
+    done = _threads(threads, writer)
     if waker is not None:
         waker.close()
     return done
@@ -100,7 +123,7 @@ def _linger(start_at: float, seconds: float) -> None:
     time.sleep(max(0.0, start_at + seconds + 0.6 - time.time()))
 
 
-def _steps(dsn: str, policy: str, start_at: float, seconds: float, index: int) -> int:
+def _steps(dsn: str, policy: str, start_at: float, seconds: float, index: int, threads: int) -> int:
     import dramatiq
 
     from actors.app import app
@@ -108,7 +131,8 @@ def _steps(dsn: str, policy: str, start_at: float, seconds: float, index: int) -
     from estafeta import Runtime, Settings, deliver
     from estafeta._messages import to_json
 
-    runtime = Runtime(Settings(database_url=dsn, wakeup=policy, pool_size=1))
+    # As a worker process: its threads share one runtime (a pool, a waker).
+    runtime = Runtime(Settings(database_url=dsn, wakeup=policy, pool_size=threads))
     spec = app.steps["pingpong.ping"]
 
     def message() -> dramatiq.Message[Any]:
@@ -117,13 +141,17 @@ def _steps(dsn: str, policy: str, start_at: float, seconds: float, index: int) -
             queue_name="pingpong", actor_name="pingpong.ping", args=(to_json(ping),), kwargs={}, options={}
         )
 
-    deliver(spec, runtime, message())  # connected, statements prepared
-    done = 0
-    time.sleep(max(0.0, start_at - time.time()))
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        deliver(spec, runtime, message())
-        done += 1
+    def writer(_thread: int) -> int:
+        deliver(spec, runtime, message())  # connected, statements prepared
+        done = 0
+        time.sleep(max(0.0, start_at - time.time()))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            deliver(spec, runtime, message())
+            done += 1
+        return done
+
+    done = _threads(threads, writer)
     _linger(start_at, seconds)
     runtime.close()
     return done
@@ -134,15 +162,17 @@ def _serve(dsn: str, tasks: Any, results: Any) -> None:
         task = tasks.get()
         if task is None:
             return
-        kind, policy, start_at, seconds, index = task
+        kind, policy, start_at, seconds, index, threads = task
         work = _appends if kind == "append" else _steps
-        results.put(work(dsn, policy, start_at, seconds, index))
+        results.put(work(dsn, policy, start_at, seconds, index, threads))
 
 
 class Writers:
-    """Writer processes started once; each measurement hands work to the first ``n``."""
+    """Writer processes started once; a measurement of ``n`` writers runs them as threads of the first ones."""
 
     def __init__(self, dsn: str, count: int) -> None:
+        #: Writer processes (the rest of the writers are their threads).
+        self.per_count = count
         context = multiprocessing.get_context("spawn")
         self.tasks = [context.Queue() for _ in range(count)]
         self.results: Any = context.Queue()
@@ -161,13 +191,16 @@ class Writers:
         does not count.
         """
         start_at = time.time() + 1.5  # every writer set up (a step writer builds a runtime) before
-        for index in range(writers):
-            self.tasks[index].put((kind, policy, start_at, seconds, index))
+        # As the default worker shape: up to 2 processes, the writers spread over their threads.
+        processes = min(self.per_count, writers)
+        for index in range(processes):
+            threads = writers // processes + (1 if index < writers % processes else 0)
+            self.tasks[index].put((kind, policy, start_at, seconds, index, threads))
         time.sleep(max(0.0, start_at - time.time()))
         before = self._cpu()
         time.sleep(max(0.0, start_at + seconds + 0.3 - time.time()))
         after = self._cpu()
-        total = sum(int(self.results.get(timeout=seconds + 120)) for _ in range(writers))
+        total = sum(int(self.results.get(timeout=seconds + 120)) for _ in range(processes))
         spent = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
         return total / seconds, spent * 1000 / max(total, 1)
 
@@ -202,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stop, heard = threading.Event(), [0]
         listener = threading.Thread(target=_listen, args=(dsn, stop, heard), daemon=True)
         listener.start()
-        writers = Writers(dsn, max(counts))
+        writers = Writers(dsn, args.processes)
         samples: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
         try:
             for _ in range(args.rounds):
@@ -248,6 +281,9 @@ def table(result: dict[str, Any], info: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.wakeups", description=__doc__.splitlines()[0])
     parser.add_argument("--writers", default="1,4,8,16", help="writer counts (default 1,4,8,16)")
+    parser.add_argument(
+        "--processes", type=int, default=2, help="writer processes, the writers spread over their threads (default 2)"
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per figure (default 3)")
     parser.add_argument("--rounds", type=int, default=2, help="turns of the three policies (default 2; median)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
