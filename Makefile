@@ -23,9 +23,11 @@ test: $(STAMP) lint typecheck
 	$(BIN)/pytest -m "not heavy"
 
 ## The long runs (volume under kills, clusters, failover, network faults, a pip install);
-## .ci/run runs them after make test, so CI runs every test.
+## .ci/run runs them after make test, so CI runs every test. The benchmark's peers are tested
+## here, so it installs the bench extra.
 test-heavy: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/pytest -m heavy
 
 ## The network fault suite (tests/faults: partitions, one-way cuts and packet loss between

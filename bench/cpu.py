@@ -87,6 +87,10 @@ def group_of(comm: str, cmdline: str) -> str:
         return "Redis"
     if "bin/dramatiq" in cmdline:
         return "dramatiq worker processes"
+    if "bench.dbos_orders" in cmdline:
+        return "DBOS executors"
+    if "bench.pgqueuer_jobs" in cmdline:
+        return "pgqueuer worker"
     if "bin/estafeta relay" in cmdline:
         return "estafeta relay"
     return "everything else"

@@ -2,8 +2,11 @@
 
 - procrastinate's worker (PostgreSQL job queue; ``--concurrency 8``) running a job that
   writes one row, on the same database server;
+- pgqueuer's worker (PostgreSQL job queue on asyncpg; at most 8 jobs in flight) running a
+  job that writes one row, on the same database (bench/pgqueuer_jobs.py);
 - a bare Dramatiq actor on the same RabbitMQ, ``dramatiq`` with the same processes and
-  threads as estafeta's workers, doing nothing but noting that it ran.
+  threads as estafeta's workers, doing nothing but noting that it ran;
+- DBOS Transact running the order saga as a durable workflow (bench/peer_dbos.py).
 
 Both are timed from the first to the last job's own timestamp, as the estafeta figures
 are, so process start-up is not counted.
@@ -33,9 +36,7 @@ def procrastinate_rate(dsn: str, jobs: int, concurrency: int = 8) -> dict[str, A
     from bench import peer_jobs
 
     env = {**os.environ, "BENCH_DSN": dsn, "PYTHONPATH": str(ROOT)}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS peer_writes")
-        conn.execute("CREATE TABLE peer_writes (id int PRIMARY KEY, done_at timestamptz NOT NULL)")
+    _fresh_peer_writes(dsn)
     peer_jobs.prepare_procrastinate(dsn, jobs)
     worker = subprocess.Popen(
         # Warnings only: its per-job INFO lines would cost it time a production worker does not spend.
@@ -50,6 +51,34 @@ def procrastinate_rate(dsn: str, jobs: int, concurrency: int = 8) -> dict[str, A
         worker.terminate()
         worker.wait(30)
     return {"jobs": jobs, "seconds": seconds, "per_second": (jobs - 1) / seconds, "concurrency": concurrency}
+
+
+def pgqueuer_rate(dsn: str, jobs: int, concurrency: int = 8) -> dict[str, Any]:
+    """pgqueuer's worker on asyncpg: jobs per second, each writing one row in a transaction of its own."""
+    import asyncio
+
+    from bench import pgqueuer_jobs
+
+    _fresh_peer_writes(dsn)
+    asyncio.run(pgqueuer_jobs.prepare(dsn, jobs))
+    env = {**os.environ, "BENCH_DSN": dsn, "BENCH_PGQ_CONCURRENCY": str(concurrency), "PYTHONPATH": str(ROOT)}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "bench.pgqueuer_jobs"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        seconds = _wait_for_rows(dsn, "SELECT count(*), extract(epoch FROM max(done_at) - min(done_at))"
+                                 " FROM peer_writes", jobs)  # fmt: skip
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    return {"jobs": jobs, "seconds": seconds, "per_second": (jobs - 1) / seconds, "concurrency": concurrency}
+
+
+def _fresh_peer_writes(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS peer_writes")
+        conn.execute("CREATE TABLE peer_writes (id int PRIMARY KEY, done_at timestamptz NOT NULL)")
 
 
 def dramatiq_rate(amqp_url: str, redis_url: str, messages: int, processes: int, threads: int = 8) -> dict[str, Any]:

@@ -11,9 +11,11 @@ Tansu the benchmark starts), with ``dramatiq actors`` worker processes and an
   per second, the step messages per second they cost (orchestrator replies included),
   and latency p50/p99 from placing to the end.
 
-and, in the same run, the peers (bench/peers.py): procrastinate's worker doing a one-row
-write per job on the same database server, and a bare Dramatiq actor on the same
-RabbitMQ; estafeta's step rate is printed as a multiple of each.
+and, in the same run, the peers (bench/peers.py): procrastinate's and pgqueuer's workers
+doing a one-row write per job on the same database server, and a bare Dramatiq actor on
+the same RabbitMQ, with estafeta's step rate printed as a multiple of each; and DBOS
+Transact running the order saga as a durable workflow on the same tables (bench/peer_dbos.py),
+in as many processes as estafeta has workers and in one, beside estafeta's sagas.
 
 Work is placed in one transaction once the workers answer, and timed with the database's
 own timestamps, so process start-up is not counted. Figures measured while other work
@@ -196,6 +198,7 @@ def measure_sagas(runtime: Runtime, count: int, dsn: str) -> dict[str, Any]:
         "latency_p99": float(row[2]),
         # Everything the machine did while the sagas ran (other work too, on a busy machine).
         "cpu_ms_per_step": 1000 * busy / messages if messages else float("nan"),
+        "cpu_ms_per_saga": 1000 * busy / count,
         "cpu_ms_per_step_by_process": {
             group: 1000 * (after[group] - by_group.get(group, 0.0)) / messages
             for group in sorted(after, key=lambda g: by_group.get(g, 0.0) - after[g])
@@ -286,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     results[name]["steady"] = measure_steady(runtime, args.steady_rate, args.steady_seconds)
         if args.peers:
             results["peers"] = _peers(args, dsn, amqp)
+            results["dbos"] = _dbos(args, dsn)
     return results
 
 
@@ -302,9 +306,28 @@ def _kafka(resources: contextlib.ExitStack) -> str | None:
 
 def _peers(args: argparse.Namespace, dsn: str, amqp: str | None) -> dict[str, Any]:
     found = {"procrastinate": peers.procrastinate_rate(dsn, args.peer_jobs)}
+    try:
+        found["pgqueuer"] = peers.pgqueuer_rate(dsn, args.peer_jobs)
+    except ImportError as exc:
+        print(f"bench.sagas: no pgqueuer figures ({exc}; pip install -e '.[bench]')", file=sys.stderr)
     if amqp is not None and reachable(args.redis_url, 6379):
         found["dramatiq"] = peers.dramatiq_rate(amqp, args.redis_url, args.peer_messages, args.processes)
     return found
+
+
+def _dbos(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    """The order saga on DBOS: in as many processes as estafeta has workers, then in one."""
+    try:
+        from .peer_dbos import dbos_sagas
+    except ImportError as exc:
+        print(f"bench.sagas: no DBOS figures ({exc}; pip install -e '.[bench]')", file=sys.stderr)
+        return {}
+    runtime = Runtime(Settings(database_url=dsn))
+    try:
+        shapes = sorted({args.processes, 1}, reverse=True)
+        return dbos_sagas(args.database_url, dsn, runtime, args.orders, shapes, args.threads)
+    finally:
+        runtime.close()
 
 
 def table(results: dict[str, Any], processes: int, threads: int) -> str:
@@ -315,7 +338,7 @@ def table(results: dict[str, Any], processes: int, threads: int) -> str:
         f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
         f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}{'CPU ms/step':>13}",
     ]
-    brokers = {name: r for name, r in results.items() if name != "peers"}
+    brokers = {name: r for name, r in results.items() if name not in ("peers", "dbos")}
     for name, r in brokers.items():
         base, sagas = r["baseline"]["step_messages_per_second"], r["sagas"]
         lines.append(
@@ -334,7 +357,9 @@ def table(results: dict[str, Any], processes: int, threads: int) -> str:
             f" {r['sagas']} sagas): p50 {r['latency_p50']:.2f} s, p99 {r['latency_p99']:.2f} s,"
             f" max {r['latency_max']:.2f} s"
         )
-    return "\n".join(lines + _peer_lines(brokers, results.get("peers", {})))
+    return "\n".join(
+        lines + _peer_lines(brokers, results.get("peers", {})) + _saga_peer_lines(brokers, results.get("dbos", {}))
+    )
 
 
 def _peer_lines(brokers: dict[str, Any], found: dict[str, Any]) -> list[str]:
@@ -343,13 +368,41 @@ def _peer_lines(brokers: dict[str, Any], found: dict[str, Any]) -> list[str]:
     labels = {
         "procrastinate": "procrastinate worker (--concurrency 8), one-row write per job",
         "dramatiq": "bare Dramatiq actor on RabbitMQ, same processes and threads",
+        "pgqueuer": "pgqueuer worker (asyncpg, 8 writes at once), one-row write per job",
     }
     for peer, figures in found.items():
         rate = figures["per_second"]
         multiples = ", ".join(
             f"{name} {r['baseline']['step_messages_per_second'] / rate:.2f}x" for name, r in brokers.items()
         )
-        lines.append(f"peer: {labels[peer]}: {rate:,.0f}/s; estafeta steps = {multiples}")
+        target = " (target: 1.20x)" if peer == "pgqueuer" else ""
+        lines.append(f"peer: {labels[peer]}: {rate:,.0f}/s; estafeta steps = {multiples}{target}")
+    return lines
+
+
+def _saga_peer_lines(brokers: dict[str, Any], dbos: dict[str, Any]) -> list[str]:
+    """The order saga on estafeta (each broker) and on DBOS (each number of processes), side by side."""
+    if not dbos:
+        return []
+    lines = [
+        f"order saga, {next(iter(dbos.values()))['sagas']} placed at once:"
+        f"{'sagas/s':>10}{'p50 s':>8}{'p99 s':>8}{'CPU ms/saga':>13}{'completed':>11}"
+    ]
+    rows = [(f"estafeta, {name}", r["sagas"]) for name, r in brokers.items()]
+    rows += [(f"DBOS, {shape} process{'es' if shape != '1' else ''}", r) for shape, r in dbos.items()]
+    for label, r in rows:
+        lines.append(
+            f"  {label:<32}{r['sagas_per_second']:>10.1f}{r['latency_p50']:>8.2f}{r['latency_p99']:>8.2f}"
+            f"{r['cpu_ms_per_saga']:>13.1f}{r['completed']:>11}"
+        )
+    same = next(iter(dbos.values()))
+    multiples = ", ".join(
+        f"{name} {r['sagas']['sagas_per_second'] / same['sagas_per_second']:.2f}x" for name, r in brokers.items()
+    )
+    lines.append(f"  estafeta sagas/s = {multiples} DBOS's in {same['processes']} processes (as its workers)")
+    for shape, r in dbos.items():
+        split = ", ".join(f"{group} {ms:.1f}" for group, ms in r["cpu_ms_per_saga_by_process"].items())
+        lines.append(f"  DBOS, {shape}: CPU ms per saga by process: {split}")
     return lines
 
 
@@ -374,8 +427,10 @@ def parser() -> argparse.ArgumentParser:
         choices=["stub", "rabbitmq", "redis", "kafka"],
         help="only this broker (repeatable; default: every reachable one)",
     )
-    parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip procrastinate and bare Dramatiq")
-    parser.add_argument("--peer-jobs", type=int, default=5000, help="procrastinate jobs (default 5000)")
+    parser.add_argument(
+        "--no-peers", dest="peers", action="store_false", help="skip procrastinate, pgqueuer, bare Dramatiq and DBOS"
+    )
+    parser.add_argument("--peer-jobs", type=int, default=5000, help="procrastinate and pgqueuer jobs (default 5000)")
     parser.add_argument("--peer-messages", type=int, default=20000, help="bare Dramatiq messages (default 20000)")
     parser.add_argument(
         "--database-url",

@@ -1,8 +1,10 @@
 """The operator console (``/console``): what waits, what failed and which sagas are stuck, from PostgreSQL.
 
-Server-rendered pages (no script, no build step) about any app: each service's outbox
-backlog and its oldest wait, failed outbox rows, dead letters grouped by cause, sagas by
-status, stuck and failed sagas, and one saga's timeline. Everything is read from the
+Server-rendered pages (no build step, one small inline script of its own that shows times
+in the reader's time zone) about any app: each service's outbox backlog and its oldest
+wait, failed outbox rows, scheduled messages, dead letters grouped by cause, sagas by
+status, stuck and failed sagas, one saga's timeline and diagram, projections and their
+lag, the event streams, and the recurring schedules. Everything is read from the
 services' databases, so the console shows the same on RabbitMQ, Redis or any broker.
 
 It is read-only unless ``estafeta serve --allow-actions``: then it can put failed outbox
@@ -10,7 +12,8 @@ rows back in line, replay a group of dead letters, and resume or abort a saga, t
 same calls as ``estafeta outbox retry``, ``estafeta dead-letters replay --group``,
 ``estafeta sagas resume`` and ``estafeta sagas abort``. Actions are POST
 forms carrying a token of this process (a page elsewhere cannot forge them), and pages
-forbid framing and scripts (the charts' frame alone may be framed, by the same origin).
+forbid framing and every script but that one, allowed by its hash (the charts' frame alone
+may be framed, by the same origin).
 
 With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actions) every
 console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,
@@ -33,18 +36,21 @@ from typing import Annotated, Any
 import jinja2
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from markupsafe import Markup
 
 from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
 from sql import outbox
 
-from . import console_charts, console_data, console_lists, saga_diagram
+from . import console_charts, console_data, console_lists, console_models, console_schedules, saga_diagram, saga_labels
 
 logger = logging.getLogger(__name__)
-#: Headers of every console page: no framing (clickjacking of the actions), no scripts at all.
+#: Headers of every console page: no framing (clickjacking of the actions), and no script but
+#: the console's own clock (allowed by its hash: it turns times into the reader's time zone).
 _HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none';"
+        f" script-src {console_data.SCRIPT_HASH}"
     ),
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
@@ -97,6 +103,9 @@ class Console:
         )
         self.pages.filters["age"] = console_data.age
         self.pages.filters["deadline"] = console_data.deadline
+        self.pages.filters["when"] = console_data.when
+        self.pages.filters["badge"] = console_data.badge
+        self.pages.globals["clock_script"] = Markup(console_data.CLOCK_SCRIPT)
         self.pages.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
         #: The routes, for ``FastAPI.include_router``.
         self.router = APIRouter(prefix="/console", dependencies=[Depends(self._operator)] if password else [])
@@ -107,8 +116,12 @@ class Console:
         self.router.add_api_route("/kinds/{name}", self.kind_page, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/dead-letters/{service}/{group}", self.letter_group, methods=["GET"])
         self.router.add_api_route("/outbox/failed", self.failed_rows, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/projections", self.projections_page, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/events", self.events_page, methods=["GET"], response_class=HTMLResponse)
+        self.router.add_api_route("/outbox/scheduled", self.scheduled, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts", self.charts_page, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts/frame", self.charts_frame, methods=["GET"], response_class=HTMLResponse)
+        console_schedules.add_routes(self)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
@@ -140,7 +153,17 @@ class Console:
 
     def overview(self, notice: str | None = None) -> HTMLResponse:
         """Outboxes, failed rows, dead letters by cause, sagas by status, stuck and failed sagas."""
-        return self._page("console.html", overview=console_data.read_overview(self.app, self.runtime), notice=notice)
+        overview = console_data.read_overview(self.app, self.runtime)
+        projections = console_models.read_projections(self.app, self.runtime)
+        scheduled = len(console_models.read_scheduled(self.app, self.runtime))
+        return self._page(
+            "console.html",
+            overview=overview,
+            projections=projections,
+            scheduled=scheduled,
+            scheduled_cap=console_models.SCHEDULED,
+            notice=notice,
+        )
 
     def find_saga(self, saga_id: str = "") -> Response:
         """The saga page of the id typed into the search box."""
@@ -153,7 +176,8 @@ class Console:
             return self._page("console_missing.html", reason=f"no saga {saga_id}", status=404)
         where = saga_diagram.position(found.saga, found.row, found.timeline)
         diagram = saga_diagram.render(found.saga, where)
-        return self._page("console_saga.html", saga=found, notice=notice, diagram=diagram)
+        details = [saga_labels.timeline_detail(found.saga, found.row, entry) for entry in found.timeline]
+        return self._page("console_saga.html", saga=found, notice=notice, diagram=diagram, details=details)
 
     def saga_list(self, request: Request) -> HTMLResponse:
         """Sagas filtered by kind, status, step, start time and error text, newest first, a page at a time."""
@@ -161,7 +185,10 @@ class Console:
             query = console_lists.parse_saga_query(self.app, request.query_params)
         except console_lists.BadFilter as exc:
             return self._refuse(str(exc))
-        listed = console_lists.read_saga_list(self.app, self.runtime, query)
+        return self.saga_list_html(console_lists.read_saga_list(self.app, self.runtime, query))
+
+    def saga_list_html(self, listed: console_lists.SagaList) -> HTMLResponse:
+        """The page of a saga list as read (``bench.console_pages`` draws one of any length)."""
         return self._page("console_sagas.html", listed=listed, statuses=console_lists.STATUSES)
 
     def kind_page(self, name: str) -> HTMLResponse:
@@ -190,6 +217,23 @@ class Console:
         except console_lists.BadFilter as exc:
             return self._refuse(str(exc))
         return self._page("console_failed.html", rows=rows, service=service)
+
+    def projections_page(self) -> HTMLResponse:
+        """Every projection: position, lag in events and seconds, state, last error; the oldest open writer."""
+        return self._page("console_projections.html", found=console_models.read_projections(self.app, self.runtime))
+
+    def events_page(self, request: Request) -> HTMLResponse:
+        """A stream's events, as of a time or a version (``estafeta events show``); the streams written last."""
+        try:
+            query = console_models.parse_stream_query(self.app, request.query_params)
+        except console_lists.BadFilter as exc:
+            return self._refuse(str(exc))
+        found = console_models.read_streams(self.app, self.runtime, query)
+        return self._page("console_events.html", found=found, params=request.query_params)
+
+    def scheduled(self) -> HTMLResponse:
+        """Messages sent for a time not here yet, soonest first (``estafeta outbox scheduled``)."""
+        return self._page("console_scheduled.html", rows=console_models.read_scheduled(self.app, self.runtime))
 
     def charts_page(self, window: str = "") -> HTMLResponse:
         """The charts over a window, in a frame that redraws itself (a meta refresh: no script)."""

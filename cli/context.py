@@ -47,8 +47,10 @@ class AppContext:
 
     @property
     def runtime(self) -> Runtime:
-        """Settings, pools and locks of this process."""
-        return self.binding.runtime
+        """Settings, pools and locks of this process (each database's first use fails fast on a refusal)."""
+        runtime = self.binding.runtime
+        runtime.connect_first = True
+        return runtime
 
     @property
     def broker(self) -> dramatiq.Broker:

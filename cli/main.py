@@ -67,11 +67,27 @@ def _register() -> None:
         queues,
         relay,
         sagas,
+        schedules,
         seed,
         serve,
     )
 
-    modules = (migrate, outbox, ping, relay, seed, orders, sagas, projections, demo, prune, dead_letters, serve, queues)
+    modules = (
+        migrate,
+        outbox,
+        ping,
+        relay,
+        seed,
+        orders,
+        sagas,
+        schedules,
+        projections,
+        demo,
+        prune,
+        dead_letters,
+        serve,
+        queues,
+    )
     for module in modules:
         for command in module.COMMANDS:
             cli.add_command(command)

@@ -221,7 +221,7 @@ def show_command(
         if not events:
             reason = f"stream {stream_id!r} has no event in {service.name} at that point"
             raise click.BadParameter(reason, param_hint="STREAM")
-        state = _state(conn, service, store, stream_id, version, as_of)
+        state = aggregate_state(conn, service, store, stream_id, version, as_of)
     rows = [
         {
             "version": e.version,
@@ -249,7 +249,7 @@ def _one_service(name: str | None) -> Service:
     return services[0]
 
 
-def _state(
+def aggregate_state(
     conn: Any, service: Service, store: EventStore, stream_id: str, version: int | None, as_of: datetime | None
 ) -> dict[str, Any] | None:
     """The state of the stream's aggregate, when the service declared one for its stream type."""

@@ -22,13 +22,16 @@ from __future__ import annotations
 import html
 import itertools
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 from markupsafe import Markup
 
-from estafeta import Saga, SagaStep
+from estafeta import Saga, SagaState, SagaStep
 from sql.sagas import LogEntry, SagaRow
+
+from . import saga_labels
 
 WIDTH, HEIGHT, GAP, LEFT = 150, 44, 46, 16
 #: The tops of the rows: steps, their undos, what runs after compensation.
@@ -86,10 +89,15 @@ def layout(saga: Saga) -> Diagram:
     nodes = [_step_node(step, i) for i, step in enumerate(steps)]
     nodes.append(Node(COMPLETED, "completed", "every step done", _x(len(steps)), ROWS[0], "end"))
     undone = [(i, s) for i, s in enumerate(steps) if s.compensation]
-    nodes += [Node(f"undo:{s.name}", f"undo {s.name}", "compensation", _x(i), ROWS[1], "undo") for i, s in undone]
+    # Each compensation says what it does: the command it sends (saga_labels), not only "undo".
+    nodes += [
+        Node(f"undo:{s.name}", f"undo {s.name}", _sends(s.compensation, "compensation"), _x(i), ROWS[1], "undo")
+        for i, s in undone
+    ]
     after = list(saga.after_compensation)
     nodes += [
-        Node(f"after:{s.name}", s.name, "after compensation", _x(i), ROWS[2], "after") for i, s in enumerate(after)
+        Node(f"after:{s.name}", s.name, _sends(s.action, "after compensation"), _x(i), ROWS[2], "after")
+        for i, s in enumerate(after)
     ]
     nodes.append(Node(COMPENSATED, "compensated", "undone, in reverse", _x(len(after)), ROWS[2], "end"))
     edges = [edge for i, step in enumerate(steps) for edge in _forward(steps, i, step)]
@@ -97,6 +105,11 @@ def layout(saga: Saga) -> Diagram:
     edges += [Edge(a, b, "undo" if a.startswith("undo:") else "after") for a, b in itertools.pairwise(chain)]
     columns = max(len(steps), len(after)) + 1
     return Diagram(nodes, edges, _x(columns) + LEFT, ROWS[2] + HEIGHT + 30)
+
+
+def _sends(factory: Callable[[SagaState], Any] | None, otherwise: str) -> str:
+    name = saga_labels.command_name(factory)
+    return f"sends {name}" if name else otherwise
 
 
 def _x(column: int) -> int:
@@ -231,7 +244,7 @@ def _node(node: Node, visited: bool, where: Position | None, href: str) -> str:
         f'<a href="{_e(href)}"><g class="{" ".join(classes)}" data-node="{_e(node.id)}">'
         f'<rect x="{node.x}" y="{node.y}" width="{WIDTH}" height="{HEIGHT}" rx="6"/>{double}'
         f'<text x="{node.x + WIDTH / 2}" y="{node.y + 18}" class="label">{_e(_clip(node.label))}</text>'
-        f'<text x="{node.x + WIDTH / 2}" y="{node.y + 34}" class="note">{_e(node.note)}</text></g></a>'
+        f'<text x="{node.x + WIDTH / 2}" y="{node.y + 34}" class="note">{_e(_clip(node.note, 28))}</text></g></a>'
     )
 
 

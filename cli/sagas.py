@@ -14,6 +14,7 @@ import click
 from estafeta import SagaError, SagaNotFound, Watchdog
 from sql import sagas
 
+from . import saga_labels
 from .context import current
 
 if TYPE_CHECKING:
@@ -92,7 +93,9 @@ def show_command(saga_id: uuid.UUID, kind: str | None, as_json: bool) -> None:
     if row.last_error:
         click.echo(f"last error: {row.last_error}")
     for e in timeline:
-        detail = f"  {e.detail}" if e.detail else ""
+        # A compensation named by the command it sent, as the console names it.
+        label = saga_labels.timeline_detail(saga, row, e)
+        detail = f"  {label}" if label else ""
         click.echo(f"  {e.at:%H:%M:%S.%f} v{e.version:<3} {e.event:<13} {e.status:<12} {e.step}{detail}")
 
 

@@ -61,6 +61,8 @@ from ._relaying import build_relay
 from ._runtime import Runtime
 from ._saga import Saga, SagaTransition
 from ._saga_model import NOTHING_TO_UNDO, SagaError, SagaNotFound, SagaState, SagaStep
+from ._schedule_spec import CatchUp, Overlap, Schedule
+from ._scheduler import Scheduler
 from ._settings import Settings
 from ._step_events import StepEvents
 from ._step_spec import StepSpec
@@ -81,6 +83,7 @@ __all__ = [
     "App",
     "Binding",
     "BusinessFailure",
+    "CatchUp",
     "Clock",
     "ConcurrencyConflict",
     "DatabaseError",
@@ -106,6 +109,7 @@ __all__ = [
     "MessageBeingPublished",
     "OnBadEvent",
     "Outcome",
+    "Overlap",
     "Problem",
     "Projection",
     "ProjectionContext",
@@ -123,7 +127,9 @@ __all__ = [
     "SagaState",
     "SagaStep",
     "SagaTransition",
+    "Schedule",
     "ScheduledMessageRefused",
+    "Scheduler",
     "Service",
     "Settings",
     "SettingsError",

@@ -13,10 +13,10 @@ import importlib
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -26,6 +26,7 @@ from . import _outbox as outbox
 from ._errors import RoutingError
 from ._events import EventRegistry, EventStore
 from ._projections import Projection
+from ._schedule_spec import CatchUp, Overlap, Schedule, timing_of
 from ._step_spec import StepSpec
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ _RESERVED = {"public", "information_schema"}
 COMMON_MIGRATIONS = "_common"
 #: The event store's tables, for services that opt in (:meth:`Service.use_events`).
 EVENTS_MIGRATIONS = "_events"
+#: The schedules table, for services that declare a schedule (:meth:`Service.schedule`).
+SCHEDULES_MIGRATIONS = "_schedules"
 
 
 class Service:
@@ -67,6 +70,7 @@ class Service:
         self.event_store: EventStore | None = None
         self._aggregates: list[type] = []
         self._projections: list[Projection] = []
+        self._schedules: dict[str, Schedule] = {}
 
     def __repr__(self) -> str:
         return f"Service({self.name!r})"
@@ -102,6 +106,58 @@ class Service:
     def steps(self) -> Mapping[str, StepSpec]:
         """The service's steps by actor name."""
         return dict(self._steps)
+
+    def schedule(
+        self,
+        cron: str | None = None,
+        *,
+        every: timedelta | None = None,
+        tz: str = "UTC",
+        name: str | None = None,
+        overlap: Overlap | str = Overlap.SKIP,
+        catch_up: CatchUp | str = CatchUp.LAST,
+        grace: timedelta = timedelta(minutes=1),
+    ) -> Callable[[Callable[[datetime], Any]], Schedule]:
+        """Declare ``fn(tick)`` as a recurring schedule of this service: each tick sends the command it returns.
+
+        Give a cron expression (``"*/5 * * * *"``, read in the IANA time zone ``tz``) or
+        ``every=timedelta(...)`` (ticks at whole multiples of it since the Unix epoch).
+        Each tick is fired once across every worker process: one transaction claims it
+        and writes the command to this service's outbox (routed like :meth:`send`); the
+        relay publishes it. ``fn`` gets the tick (a UTC datetime) and returns the command,
+        or ``None`` to send nothing. ``overlap``: ``"skip"`` (the default) does not fire
+        while the message the previous firing sent is not yet processed by its step,
+        ``"allow"`` fires anyway. ``catch_up``, for ticks that fell while nothing fired
+        (every worker down): ``"all"`` fires each, ``"last"`` (the default) the latest
+        only, ``"none"`` none that is more than ``grace`` late. ``migrate`` creates the
+        service's schedules table.
+        """
+        timing = timing_of(cron, every, tz)
+
+        def decorate(fn: Callable[[datetime], Any]) -> Schedule:
+            found = Schedule(
+                self,
+                name or fn.__name__,
+                timing,
+                fn,
+                overlap=_policy(Overlap, "overlap", overlap),
+                catch_up=_policy(CatchUp, "catch_up", catch_up),
+                grace=grace,
+            )
+            if not _NAME.match(found.name):
+                raise ValueError(f"schedule name {found.name!r} must be a lower-case identifier")
+            if found.name in self._schedules:
+                raise ValueError(f"service {self.name} already has a schedule named {found.name!r}")
+            self.use_builtin_migrations(SCHEDULES_MIGRATIONS)
+            self._schedules[found.name] = found
+            return found
+
+        return decorate
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """The service's recurring schedules, in declaration order."""
+        return list(self._schedules.values())
 
     @property
     def sagas(self) -> list[Saga]:
@@ -266,6 +322,21 @@ class App:
         """Every saga kind of the app."""
         return [saga for service in self.services for saga in service.sagas]
 
+    @property
+    def schedules(self) -> list[Schedule]:
+        """Every recurring schedule of the app's services."""
+        return [schedule for service in self.services for schedule in service.schedules]
+
+    def schedule(self, name: str) -> Schedule:
+        """The schedule ``name`` (``service.name``, or its bare name if unambiguous); ``KeyError`` otherwise."""
+        found = [s for s in self.schedules if name in (s.full_name, s.name)]
+        if len(found) == 1:
+            return found[0]
+        known = ", ".join(s.full_name for s in self.schedules) or "none"
+        if found:
+            raise KeyError(f"schedule name {name!r} is ambiguous in app {self.name}: say service.name ({known})")
+        raise KeyError(f"no schedule {name!r} in app {self.name} (declared: {known})")
+
     def saga(self, name: str | None = None) -> Saga:
         """The saga kind ``name`` (or the only one); ``KeyError`` naming the known ones otherwise."""
         sagas = {saga.name: saga for saga in self.sagas}
@@ -298,8 +369,10 @@ class App:
 
         Either way the broker becomes Dramatiq's global broker, carries the middleware
         steps need (and, for an app with sagas, the saga watchdog that runs in each worker
-        process; for an app with projections, its projectors, one active per projection
-        across all processes), and ``dramatiq`` workers consume one queue per service.
+        process; for an app with schedules, the scheduler that fires their ticks in each
+        worker process, each tick once; ``watchdog=False`` leaves both out; for an app with
+        projections, its projectors, one active per projection across all processes), and
+        ``dramatiq`` workers consume one queue per service.
         """
         from ._binding import bind_app, bind_from_env
 
@@ -312,6 +385,17 @@ class App:
     def migrate(self, runtime: Runtime, *, check: bool = False) -> dict[str, list[str]]:
         """Apply (or, with ``check``, only list) the pending migrations of every service, by service."""
         return runtime.migrate(self.services, check=check)
+
+
+_P = TypeVar("_P", Overlap, CatchUp)
+
+
+def _policy(kind: type[_P], name: str, value: _P | str) -> _P:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = " or ".join(repr(p.value) for p in kind)
+        raise ValueError(f"{name}={value!r}: say {choices}") from None
 
 
 def load_app(spec: str) -> App:

@@ -20,6 +20,7 @@ from ._projections import Projector
 from ._projector_run import ProjectorsMiddleware
 from ._retention import PruneMiddleware
 from ._runtime import Runtime
+from ._scheduler import SchedulerMiddleware
 from ._settings import Settings
 from ._steps import declare_actors
 from ._watchdog import WatchdogMiddleware
@@ -67,11 +68,22 @@ def bind_app(
     actors = declare_actors(broker, runtime, app.steps.values())
     if watchdog and app.sagas:
         _watch(broker, runtime, app)
+    if watchdog and app.schedules:
+        _schedule(broker, runtime, app)
     if runtime.settings.prune_interval:
         _prune(broker, runtime, app)
     if projectors:
         _project(broker, runtime, app)
     return Binding(app, broker, runtime, actors)
+
+
+def _schedule(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+    # Every worker process fires due schedules; the row lock makes each tick fire once.
+    existing = next((m for m in broker.middleware if isinstance(m, SchedulerMiddleware)), None)
+    if existing is None:
+        broker.add_middleware(SchedulerMiddleware(runtime, app.schedules))
+        return
+    existing.schedules.extend(s for s in app.schedules if s not in existing.schedules)
 
 
 def _prune(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:

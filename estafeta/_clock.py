@@ -3,7 +3,8 @@
 Saga deadlines and step timeouts, the watchdog's overdue query, delayed outbox rows
 (``available_at``), the relay's publish backoff, idempotency-key expiry and retention are
 all decided in SQL against each service schema's ``clock_now()``: ``now()`` plus a skew
-that only a test writes (``sql/migrations/_common/0007_clock.sql``). So production takes
+that only a test writes (``sql/migrations/_common/0007_clock.sql``), or the instant a test
+stopped it at (``0008_clock_stop.sql``). So production takes
 its time from PostgreSQL with no extra round trip, no decision compares Python's clock
 with a database timestamp, and a test moves the time of every process that reads the
 database at once (workers, relays and watchdogs in other processes included).
@@ -36,7 +37,7 @@ class Clock:
             return schema_clock.now(conn, self.services[0])
 
     def set(self, when: datetime) -> None:
-        """Make every service's time read ``when`` (timezone-aware) now; it runs on from there."""
+        """Make every service's time read ``when`` (timezone-aware) now; it runs on from there unless stopped."""
         if when.tzinfo is None:
             raise ValueError(f"clock.set({when!r}): give a timezone-aware datetime (e.g. tzinfo=UTC)")
         for service in self.services:
@@ -51,6 +52,20 @@ class Clock:
             with self.runtime.database(service).transaction() as conn:
                 schema_clock.advance(conn, service, by)
         return self.now()
+
+    def stop(self, at: datetime | None = None) -> datetime:
+        """Stop every service's time at ``at`` (default: the time now): it moves only when moved.
+
+        ``set`` and ``advance`` keep a stopped clock stopped; ``reset`` starts it again on
+        PostgreSQL's time. Return the instant it stopped at.
+        """
+        if at is not None and at.tzinfo is None:
+            raise ValueError(f"clock.stop({at!r}): give a timezone-aware datetime (e.g. tzinfo=UTC)")
+        when = self.now() if at is None else at
+        for service in self.services:
+            with self.runtime.database(service).transaction() as conn:
+                schema_clock.stop(conn, service, when)
+        return when
 
     def reset(self) -> None:
         """Give every service PostgreSQL's own time back."""

@@ -55,6 +55,10 @@ class Runtime:
         self._locks: LockBackend | None = None
         self._wakers: dict[str, Waker] = {}
         self._mutex = threading.Lock()
+        #: Whether each database's first use connects in the caller's thread before its pool
+        #: starts (:class:`sql.pool.Database`): the CLI's commands report a refused or
+        #: unreachable server at once rather than after the pool's 10 s of retries.
+        self.connect_first = False
 
     def dsn_for(self, service: str) -> str:
         """The resolved DSN of ``service``'s database."""
@@ -75,7 +79,7 @@ class Runtime:
                 # ESTAFETA_WAKEUP=poll: no NOTIFY from any transaction on these connections.
                 quiet = {"estafeta.wakeup": "poll"} if self.settings.wakeup == "poll" else None
                 database = self._databases[dsn] = Database(
-                    dsn, max_size=self.settings.pool_size, session_settings=quiet
+                    dsn, max_size=self.settings.pool_size, connect_first=self.connect_first, session_settings=quiet
                 )
             return database
 

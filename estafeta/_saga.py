@@ -362,7 +362,9 @@ class Saga:
             COMPENSATIONS.labels(self.name, row.current_step).inc()
         plan = row.compensations or []
         index = plan.index(row.current_step)
-        detail = f"{row.current_step} undone"
+        # A step after compensation undoes nothing: it did its action (sent the cancellation notice).
+        after = self._by_name[row.current_step] in self.after_compensation
+        detail = f"{row.current_step} done after compensating" if after else f"{row.current_step} undone"
         if index + 1 < len(plan):
             self._move(conn, row, "compensating", plan[index + 1], "undone", detail, tp=tp, reply=reply)
         else:

@@ -11,9 +11,10 @@ configuration (``estafeta_app = "mypackage.app:app"``) or override the
   (:class:`AppUnderTest`: ``run_until_idle``, ``sent_to``, ``drop``, ``drain_outbox``,
   ``transitions``);
 - ``estafeta_runtime``: that app's :class:`~estafeta.Runtime`;
-- ``clock``: a :class:`VirtualClock` over the app's schemas: ``clock.advance(timedelta)``
-  and ``clock.set(datetime)`` move saga deadlines, delayed sends and backoffs due, then
-  run the watchdog and relay passes the move made due, synchronously.
+- ``clock``: a :class:`VirtualClock` over the app's schemas, stopped (it reads one instant
+  until the test moves it): ``clock.advance(timedelta)`` and ``clock.set(datetime)`` move
+  saga deadlines, delayed sends, backoffs and schedules' ticks due, then run the watchdog,
+  scheduler and relay passes the move made due, synchronously.
 
 A 30-second saga timeout is then tested in milliseconds, without ``sleep``.
 """
@@ -42,6 +43,7 @@ from ._clock import Clock
 from ._relaying import build_relay
 from ._runtime import Runtime
 from ._saga import Saga
+from ._scheduler import Scheduler
 from ._settings import Settings
 from ._steps import deliver
 from ._watchdog import Watchdog
@@ -60,35 +62,63 @@ class Passes:
     watchdog: Counter[str]
     #: Outbox rows the relay published.
     published: int
+    #: The schedules' counts: ticks ``fired``, ``skipped`` (overlap), ``missed`` (catch-up), ``error``.
+    schedules: Counter[str] = attrs.field(factory=Counter)
 
 
 class VirtualClock:
     """The app's clock, moved by the test; each move runs the watchdog and relay passes it made due."""
 
-    def __init__(self, clock: Clock, *, watchdog: Watchdog | None = None, relay: Relay | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        watchdog: Watchdog | None = None,
+        relay: Relay | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
         self.clock = clock
         self.watchdog = watchdog
         self.relay = relay
+        self.scheduler = scheduler
 
     def now(self) -> datetime:
         """The time every decision of the app's services reads."""
         return self.clock.now()
 
     def advance(self, by: timedelta) -> Passes:
-        """Move the time forward by ``by``, then run the passes that became due."""
+        """Move the time forward by ``by``, then run the passes that became due.
+
+        The schedules' ticks between the old time and the new one fall due (and are fired
+        by their catch-up policy).
+        """
+        if self.scheduler is not None and not self.scheduler.registered:
+            self.scheduler.register()
         self.clock.advance(by)
         return self.run_due()
 
     def set(self, when: datetime) -> Passes:
-        """Put the time at ``when`` (timezone-aware), then run the passes that became due."""
+        """Put the time at ``when`` (timezone-aware), then run the passes that became due.
+
+        A jump: every schedule starts again from its first tick after ``when``.
+        """
         self.clock.set(when)
+        if self.scheduler is not None:
+            self.scheduler.register(restart=True)
         return self.run_due()
 
     def run_due(self) -> Passes:
-        """One watchdog pass over overdue sagas, then the relay until the outboxes hold nothing due."""
+        """One watchdog pass over overdue sagas, the schedules' due ticks, then the relay until nothing is due."""
         counts = self.watchdog.check_once() if self.watchdog is not None else Counter[str]()
+        fired = Counter[str]()
+        if self.scheduler is not None:
+            # A catch-up of many ticks fires in batches: pass until a pass finds nothing due.
+            while found := self.scheduler.fire_due():
+                fired.update(found)
+                if found["error"]:
+                    break  # a schedule that raises stays due: the test reads its row
         published = drain(self.relay) if self.relay is not None else 0
-        return Passes(counts, published)
+        return Passes(counts, published, fired)
 
 
 def drain(relay: Relay) -> int:
@@ -108,8 +138,13 @@ class AppUnderTest:
         self.broker = broker or StubBroker()
         self.binding = app.bind(self.broker, runtime)
         self.relay = build_relay(runtime, self.broker, app.service_names, attempt_backoff=timedelta(seconds=1))
+        #: Fires the app's schedules when the clock moves (``scheduler.trigger``, ``set_paused`` too).
+        self.scheduler = Scheduler(runtime, app.schedules)
         self.clock = VirtualClock(
-            Clock(runtime, app.service_names), watchdog=Watchdog(runtime, app.sagas), relay=self.relay
+            Clock(runtime, app.service_names),
+            watchdog=Watchdog(runtime, app.sagas),
+            relay=self.relay,
+            scheduler=self.scheduler,
         )
 
     def drain_outbox(self) -> int:
@@ -237,5 +272,10 @@ def estafeta_app(estafeta_declared_app: App, estafeta_runtime: Runtime) -> Itera
 
 @pytest.fixture
 def clock(estafeta_app: AppUnderTest) -> VirtualClock:
-    """The app's clock: ``advance`` and ``set`` move it and run the passes that fell due."""
+    """The app's clock, stopped: it reads one instant until ``advance`` or ``set`` moves it.
+
+    Each move runs the passes that fell due. Stopped, "one second later" is exactly one
+    second later, however long the test's own statements took.
+    """
+    estafeta_app.clock.clock.stop()
     return estafeta_app.clock

@@ -155,6 +155,7 @@ class Database:
         min_size: int = 1,
         max_size: int = 8,
         timeout: float = 10.0,
+        connect_first: bool = False,
         session_settings: Mapping[str, str] | None = None,
     ) -> None:
         """``session_settings``: server settings (``set_config``) of every connection, on top of estafeta's own."""
@@ -174,9 +175,18 @@ class Database:
         )
         self._opened = False
         self._checking = threading.Lock()
+        #: Whether the first use opens one connection in the caller's thread before the pool
+        #: starts: a server that refuses (or a wrong host, database or password) is reported at
+        #: once with its reason, instead of after the pool's timeout of background retries.
+        self._connect_first = connect_first
 
     def _open(self) -> None:
         if not self._opened:
+            if self._connect_first:
+                # Once: a later use waits for the pool as any other (an outage is retried there).
+                self._connect_first = False
+                with translate_errors(self.description):
+                    psycopg.connect(self.dsn, autocommit=True).close()
             with translate_errors(self.description):
                 self.pool.open(wait=False)
             self._opened = True

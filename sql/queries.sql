@@ -469,15 +469,25 @@ SELECT count(*) FILTER (WHERE flush_lsn >= %(target)s::pg_lsn),
 SELECT {schema}.clock_now()
 
 -- move_clock --
--- Put the schema's time at %(at)s: its skew becomes the distance from PostgreSQL's now().
--- Tests only (estafeta.testing); a production schema's clock table stays empty.
-INSERT INTO {schema}.clock (skew) VALUES (%(at)s::timestamptz - now())
-ON CONFLICT (only_row) DO UPDATE SET skew = EXCLUDED.skew
+-- Put the schema's time at %(at)s: a stopped clock stays there; a running one's skew becomes
+-- the distance from PostgreSQL's now(). Tests only (estafeta.testing); a production
+-- schema's clock table stays empty.
+INSERT INTO {schema}.clock AS c (skew) VALUES (%(at)s::timestamptz - now())
+ON CONFLICT (only_row) DO UPDATE
+SET skew = EXCLUDED.skew,
+    stopped_at = CASE WHEN c.stopped_at IS NULL THEN NULL ELSE %(at)s::timestamptz END
 
 -- advance_clock --
--- Move the schema's time forward by %(by)s, exactly (whatever time passed since it was read).
+-- Move the schema's time forward by %(by)s, exactly (whatever time passed since it was read);
+-- a stopped clock stays stopped (NULL + interval is NULL: a running one stays running).
 INSERT INTO {schema}.clock AS c (skew) VALUES (%(by)s::interval)
-ON CONFLICT (only_row) DO UPDATE SET skew = c.skew + EXCLUDED.skew
+ON CONFLICT (only_row) DO UPDATE
+SET skew = c.skew + EXCLUDED.skew, stopped_at = c.stopped_at + EXCLUDED.skew
+
+-- stop_clock --
+-- Stop the schema's time at %(at)s: it reads %(at)s until moved.
+INSERT INTO {schema}.clock AS c (stopped_at) VALUES (%(at)s::timestamptz)
+ON CONFLICT (only_row) DO UPDATE SET stopped_at = EXCLUDED.stopped_at
 
 -- reset_clock --
 DELETE FROM {schema}.clock

@@ -25,9 +25,10 @@ from sql.scratch import wipe
 from .app import app as tests_app
 from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (Kafka fixtures, on Tansu)
 from .services import drop_redis_namespace, rabbitmq_vhost, redis_namespaced, scratch_database
+from .ticker import app as ticker_app
 
 #: Every app the tests run: the order system with the probe service, and the examples.
-APPS: list[App] = [tests_app, loyalty_app, welcome_app, booking_app, shelf_app]
+APPS: list[App] = [tests_app, loyalty_app, welcome_app, booking_app, shelf_app, ticker_app]
 
 
 def all_services() -> list[Service]:

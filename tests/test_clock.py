@@ -65,6 +65,24 @@ def test_set_and_advance_move_the_schema_s_time(conn, clock: Clock) -> None:
         clock.advance(timedelta(seconds=-1))
 
 
+def test_a_stopped_clock_reads_one_instant_until_moved_and_stays_stopped(conn, clock: Clock) -> None:
+    at = datetime(2030, 3, 29, 12, 0, tzinfo=UTC)
+    assert clock.stop(at) == at
+    conn.execute("SELECT pg_sleep(0.05)")
+    assert clock.now() == at  # a running clock would be 50 ms on
+    assert clock.advance(timedelta(seconds=1)) == at + timedelta(seconds=1)  # exactly
+    clock.set(datetime(2031, 1, 1, tzinfo=UTC))
+    conn.execute("SELECT pg_sleep(0.05)")
+    assert clock.now() == datetime(2031, 1, 1, tzinfo=UTC)
+    assert scalar(conn, "SELECT pingpong.clock_now()") == datetime(2031, 1, 1, tzinfo=UTC)
+    stopped_now = clock.stop()  # at the time it reads
+    assert stopped_now == datetime(2031, 1, 1, tzinfo=UTC)
+    clock.reset()
+    assert scalar(conn, "SELECT pingpong.clock_now() = now()") is True
+    with pytest.raises(ValueError, match="timezone-aware"):
+        clock.stop(datetime(2030, 1, 1))
+
+
 def test_a_delayed_row_falls_due_when_the_clock_passes_it(conn, relay: Relay, stub_broker, queue, clock: Clock):
     add(conn, "a", 0, delay=timedelta(hours=1))
     assert relay.drain_once() == 0

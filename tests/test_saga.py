@@ -13,6 +13,7 @@ from actors.order_saga import ORDER_SAGA
 from estafeta import Clock, Reply, Runtime, Saga, SagaError, SagaStep, Service, Watchdog
 from estafeta._saga import REPLIES
 from estafeta.testing import VirtualClock
+from sql import sagas
 
 from .app import app as tests_app
 from .helpers import message_for, scalar
@@ -154,6 +155,9 @@ def test_missing_stock_compensates_the_completed_steps_in_reverse_order(
         ("undone", "notify_cancellation"),
         ("compensated", "notify_cancellation"),
     ]
+    # Each entry says what was done: the undos undid, the notice after them was sent, not undone.
+    details = [e.detail for e in sagas.timeline(conn, ORDER_SAGA.table, placed.saga_id)][-3:]
+    assert details == ["charge_payment undone", "place_order undone", "notify_cancellation done after compensating"]
     assert (balance(conn), available(conn)) == (10_000, 1)
     assert scalar(conn, "SELECT status FROM payments.payments WHERE order_id = %s", placed.order_id) == "refunded"
     assert order_status(conn, placed.order_id) == "cancelled"

@@ -184,6 +184,8 @@ def test_without_allow_actions_the_console_only_reads(database_url: str, conn, b
         browser.get(f"{server.url}/console/sagas/{saga_id}")
         assert text(browser, "#status") == "running"
         assert browser.find_elements("css selector", "form") != [] and "Resume" not in browser.page_source
+        # The console's one script runs (its hash matches the page's policy): times in local time.
+        assert all("UTC" not in shown and aged(shown) for _, shown in local_times(browser))
 
         refused = httpx.post(f"{server.url}/console/sagas/{saga_id}/resume", data={"token": "x"})
         assert refused.status_code in (404, 405)
@@ -355,3 +357,183 @@ def test_the_charts_draw_the_sagas_started_and_redraw_without_reloading_the_page
         stuck_saga(server, conn)
         wait_until(lambda: started() == "2", timeout=60, what="the frame redrawing the chart")
         assert browser.execute_script("return document.body.dataset.mark") == "still here"
+
+
+def sagas_in_every_state(runtime: Any, conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """Real order sagas, one in each status, driven by the courier (a failed one is made so by hand); their ids."""
+    from actors.order_saga import ORDER_SAGA
+    from sql import sagas
+
+    from ..shop import Courier, place, seed
+
+    seed(runtime, {"rich": 100_000, "poor": 100}, {"s1": 50})
+    courier = Courier(runtime, conn)
+    made = {"completed": place(runtime, "rich", "s1", 1, 3_000)}
+    courier.run()
+    made["compensated"] = place(runtime, "poor", "s1", 1, 3_000)  # refused: not enough money
+    courier.run()
+    made["compensating"] = place(runtime, "poor", "s1", 1, 3_000)
+    courier.run(hold=frozenset({"orders.cancel_order"}))  # its undo never answers
+    made["running"] = place(runtime, "rich", "s1", 1, 3_000)  # nobody delivers its charge
+    made["failed"] = place(runtime, "rich", "s1", 1, 3_000)
+    conn.execute(
+        "UPDATE orders.saga_order SET status = 'failed', last_error = 'payments: disk full' WHERE saga_id = %s",
+        (made["failed"].saga_id,),
+    )
+    ids = {status: str(order.saga_id) for status, order in made.items()}
+    for status, saga_id in ids.items():
+        row = sagas.get(conn, ORDER_SAGA.table, uuid.UUID(saga_id))
+        assert row is not None and row.status == status, (status, row)
+    return ids
+
+
+def local_times(browser: Any) -> list[tuple[str, str]]:
+    """Each ``<time>`` of the page as (its datetime, its text), once the console's clock script redrew it."""
+    wait_until(
+        lambda: browser.execute_script(
+            "return [...document.querySelectorAll('time[datetime]')].every(t => t.dataset.local === 'yes')"
+        ),
+        what="the times drawn in local time",
+    )
+    found = browser.find_elements("css selector", "time[datetime]")
+    return [(t.get_attribute("datetime"), t.text) for t in found]
+
+
+def aged(shown: str) -> bool:
+    """Whether a time drawn by the console's script says its age (``3 minutes ago``, ``in 25 seconds``, ``now``)."""
+    return re.search(r"( ago| now|· in \d+ \w+)$", shown) is not None
+
+
+@pytest.mark.heavy  # one walk through every page: ~10 s
+def test_every_page_on_sagas_in_every_state_from_a_count_to_the_path_taken(
+    database_url: str, conn, runtime, browser: Any, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from actors.app import app as order_system
+    from actors.order_events import STORE
+    from actors.order_history import OrderSummary
+    from actors.payments import ChargePayment
+    from estafeta import Projector
+
+    ids = sagas_in_every_state(runtime, conn)
+    projector = Projector(OrderSummary(), STORE)
+    projector.create_tables(conn)
+    projector.run_batch(conn)
+    with runtime.database("orders").transaction() as tx:
+        later = datetime.now(UTC) + timedelta(hours=3)
+        scheduled = order_system.service("orders").send(tx, ChargePayment(uuid.uuid4(), "rich", 5), at=later)
+    browser.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Tokyo"})
+
+    def listed() -> str:
+        return text(browser, "#saga-list")
+
+    def submit() -> None:
+        click(browser, "#filters button")
+
+    with serving(database_url, tmp_path, "--no-access-log") as server:
+        browser.get(f"{server.url}/console")
+        # Times in the reader's zone (Tokyo here) with their age; statuses as coloured badges.
+        for stamp, shown in local_times(browser):
+            tokyo = datetime.fromisoformat(stamp).astimezone(ZoneInfo("Asia/Tokyo"))
+            assert f"{tokyo:%M:%S}" in shown and aged(shown) and "UTC" not in shown, (stamp, shown)
+        failed_badge = browser.find_element(By.CSS_SELECTOR, "#sagas th .badge.bad")
+        assert failed_badge.value_of_css_property("background-color") == "rgba(253, 236, 236, 1)"
+
+        # Each count leads to its list, which holds exactly that saga.
+        for status, saga_id in ids.items():
+            browser.get(f"{server.url}/console")
+            click(browser, f'#sagas a[href="/console/sagas?kind=order&status={status}"]')
+            wait_until(lambda s=status: f"status={s}" in browser.current_url, what=f"the list of {status} sagas")
+            rows = browser.find_elements(By.CSS_SELECTOR, "#saga-list tr[id^=saga-]")
+            assert [r.get_attribute("id") for r in rows] == [f"saga-{saga_id}"], status
+
+        # Each filter of the form, applied in the browser.
+        browser.get(f"{server.url}/console/sagas")
+        assert all(saga_id in listed() for saga_id in ids.values())
+        Select(browser.find_element(By.NAME, "kind")).select_by_visible_text("order")
+        Select(browser.find_element(By.NAME, "status")).select_by_visible_text("compensating")
+        submit()
+        wait_until(lambda: "status=compensating" in browser.current_url, what="the list by status")
+        assert ids["compensating"] in listed() and ids["compensated"] not in listed()
+        browser.get(f"{server.url}/console/sagas")
+        browser.find_element(By.NAME, "step").send_keys("charge_payment")
+        submit()
+        wait_until(lambda: "step=charge_payment" in browser.current_url, what="the list by step")
+        assert ids["running"] in listed() and ids["completed"] not in listed()
+        browser.get(f"{server.url}/console/sagas")
+        browser.find_element(By.NAME, "error").send_keys("disk full")
+        submit()
+        wait_until(lambda: "error=disk" in browser.current_url, what="the list by error")
+        assert ids["failed"] in listed() and ids["running"] not in listed()
+        browser.get(f"{server.url}/console/sagas")
+        soon = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+        browser.find_element(By.NAME, "since").send_keys(soon)
+        submit()
+        wait_until(lambda: "since=" in browser.current_url, what="the list by time")
+        assert "no saga matches these filters" in listed()
+        browser.get(f"{server.url}/console/sagas")
+        browser.find_element(By.NAME, "until").send_keys(soon)
+        submit()
+        wait_until(lambda: "until=2" in browser.current_url, what="the list up to a time")
+        assert all(saga_id in listed() for saga_id in ids.values())
+
+        # From the list to the compensated saga: its compensations named, its path drawn.
+        browser.get(f"{server.url}/console/sagas?status=compensated")
+        click(browser, f"#saga-{ids['compensated']} a.id")
+        wait_until(lambda: browser.current_url.endswith(ids["compensated"]), what="the compensated saga's page")
+        assert text(browser, "#status") == "compensated"
+        timeline = text(browser, "#timeline")
+        assert "place_order compensated by CancelOrder" in timeline
+        assert "notify_cancellation done after compensating (sent NotifyCustomer)" in timeline
+        taken = [n.get_attribute("data-node") for n in browser.find_elements(By.CSS_SELECTOR, "#diagram g.node.taken")]
+        assert {"do:place_order", "do:charge_payment", "undo:place_order", "after:notify_cancellation"} <= set(taken)
+        assert "do:reserve_inventory" not in taken and "undo:charge_payment" not in taken
+        end = browser.find_element(By.CSS_SELECTOR, 'g.node.current[data-node="end:compensated"] rect')
+        assert end.value_of_css_property("stroke") == "rgb(31, 111, 235)"
+        click(browser, 'a[href="/console/kinds/order"]')
+        wait_until(lambda: browser.current_url.endswith("/console/kinds/order"), what="the kind's diagram")
+        assert "sends CancelOrder" in text(browser, "#diagram")
+
+        # The read models: projections, an event stream as of a version, the scheduled message.
+        click(browser, 'header a[href="/console/projections"]')
+        wait_until(lambda: "order_summary" in text(browser, "#projections"), what="the projections page")
+        line = text(browser, "#projection-orders-order_summary")
+        assert "stopped" in line  # no projector holds it
+        lag = browser.find_element(By.CSS_SELECTOR, "#projection-orders-order_summary .lag-events").text
+        assert lag.isdigit(), line
+        click(browser, 'header a[href="/console/events"]')
+        wait_until(lambda: "order-" in text(browser, "#recent-streams"), what="the streams written last")
+        click(browser, "#recent-streams a.id")
+        wait_until(lambda: "stream=" in browser.current_url, what="a stream's events")
+        whole = browser.find_elements(By.CSS_SELECTOR, "#events tr[id^=event-]")
+        assert len(whole) >= 1
+        browser.find_element(By.NAME, "version").send_keys("1")
+        click(browser, "#stream-form button")
+        wait_until(lambda: "version=1" in browser.current_url, what="the stream at version 1")
+        assert [r.get_attribute("id") for r in browser.find_elements(By.CSS_SELECTOR, "#events tr[id^=event-]")] == [
+            "event-1"
+        ]
+        click(browser, 'header a[href="/console/outbox/scheduled"]')
+        wait_until(lambda: str(scheduled) in text(browser, "#scheduled"), what="the scheduled message")
+        assert "ChargePayment" in text(browser, f"#message-{scheduled}")
+        click(browser, 'header a[href="/console/charts"]')
+        wait_until(lambda: browser.find_elements(By.ID, "chart-frame") != [], what="the charts page")
+
+        # The failure pages, reached from their counts: a failed outbox row, a dead-letter group.
+        conn.execute("UPDATE orders.outbox SET status = 'failed', attempts = 5, last_error = 'connection refused'")
+        conn.execute(
+            "INSERT INTO payments.dead_letters (consumer, message_id, message, reason) VALUES (%s, %s, '{}', %s)",
+            ("payments.charge_payment", str(uuid.uuid4()), "failed 4 times, last: OSError: disk full"),
+        )
+        browser.get(f"{server.url}/console")
+        click(browser, '#outboxes a[href^="/console/outbox/failed"]')
+        wait_until(lambda: "connection refused" in text(browser, "#failed-messages"), what="the failed rows")
+        browser.get(f"{server.url}/console")
+        click(browser, '#dead-letters a[href^="/console/dead-letters/"]')
+        wait_until(lambda: "OSError: disk full" in text(browser, "#parked"), what="the dead-letter group")
+        assert local_times(browser) != []
