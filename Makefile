@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.sagas
 	$(BIN)/python -m bench.locks
 	$(BIN)/python -m bench.events
+	$(BIN)/python -m bench.wakeups
 	$(BIN)/python -m bench.es_adapter
 	$(BIN)/python -m bench.observe
 	$(BIN)/python -m bench.http

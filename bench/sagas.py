@@ -263,7 +263,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as run_resources:
         dsn = run_resources.enter_context(scratch_database(args.database_url, _migrate))
         harnesses: list[tuple[str, Any]] = [("stub", lambda: stub_harness(dsn))]
-        shape = (args.processes, args.threads, args.lanes)
+        wakeup = {"ESTAFETA_WAKEUP": args.wakeup} if args.wakeup else {}
+        shape = (args.processes, args.threads, args.lanes, wakeup)
         amqp: str | None = None
         if reachable(args.amqp_url, 5672):
             amqp = run_resources.enter_context(rabbitmq_vhost(args.amqp_url))
@@ -414,6 +415,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=8, help="threads per worker process (default 8)")
     parser.add_argument("--lanes", type=int, default=2, help="the relay's lanes on real brokers (default 2)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--wakeup", choices=["notify", "after-commit", "poll"], help="ESTAFETA_WAKEUP of the workers")
     parser.add_argument(
         "--steady-rate", type=float, default=100, help="sagas/s placed steadily for the latency figure (0: skip)"
     )

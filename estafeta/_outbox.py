@@ -13,10 +13,11 @@ caller's other changes; the relay publishes it after the commit.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import psycopg
@@ -29,6 +30,8 @@ from ._errors import RoutingError
 from ._messages import to_json
 from ._step_spec import Router
 
+T = TypeVar("T")
+
 
 @attrs.frozen
 class Address:
@@ -40,12 +43,72 @@ class Address:
 
 def send(conn: psycopg.Connection[Any], command: Any, **options: Any) -> uuid.UUID:
     """Write ``command`` in ``conn``'s transaction (:func:`send_plan`); return its message id."""
-    return plan.run(conn, send_plan(command, **options))
+    return write_or_hold(conn, send_plan(command, **options))
 
 
 def publish(conn: psycopg.Connection[Any], event: Any, **options: Any) -> list[uuid.UUID]:
     """Write ``event`` for its subscribers in ``conn``'s transaction (:func:`publish_plan`); return the message ids."""
-    return plan.run(conn, publish_plan(event, **options))
+    return write_or_hold(conn, publish_plan(event, **options))
+
+
+#: The outbox inserts of steps in progress, sent with their commit: by ``id()`` of the step's connection.
+_held: dict[int, list[plan.Statement]] = {}
+
+
+@contextlib.contextmanager
+def held_until_commit(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Hold the outbox rows sent on ``conn`` while the block runs, for :func:`write_held` to send with the commit.
+
+    A step's sends need no answer: each one used to cost a round trip of its own in the
+    middle of the step; held, they ride in the commit's pipeline. They are built (routed,
+    encoded, traced) when sent, and written in the order sent. Only the row's INSERT
+    waits: :func:`cancel` and :func:`reschedule` on ``conn`` write the held rows first,
+    so they find a message the step sent; SQL of the step's own reading ``<service>.outbox``
+    does not see them before the commit.
+    """
+    _held[id(conn)] = []
+    try:
+        yield
+    finally:
+        _held.pop(id(conn), None)
+
+
+def write_held(conn: psycopg.Connection[Any]) -> None:
+    """Execute the outbox inserts held for ``conn`` (in a pipeline: queued, not waited for), in the order sent."""
+    held = _held.get(id(conn))
+    while held:
+        plan.execute(conn, held.pop(0))
+
+
+def drop_held(conn: psycopg.Connection[Any]) -> None:
+    """Forget the outbox inserts held for ``conn``: the step's work was rolled back."""
+    held = _held.get(id(conn))
+    if held:
+        held.clear()
+
+
+def write_or_hold(conn: psycopg.Connection[Any], work: plan.Plan[T]) -> T:
+    """Run ``work`` (a plan that writes outbox rows) on ``conn``, holding its inserts if a step holds them there.
+
+    Anything else the plan yields (a statement whose answer it needs) writes the held rows
+    first, so it runs after them, as it would have.
+    """
+    held = _held.get(id(conn))
+    if held is None:
+        return plan.run(conn, work)
+
+    def on(op: Any) -> Any:
+        if isinstance(op, plan.Statement) and op.fetch is plan.Fetch.NOTHING:
+            held.append(op)
+            return plan.Result()
+        write_held(conn)
+        return plan.run(conn, _one(op))
+
+    return plan.drive(work, on)
+
+
+def _one(op: Any) -> plan.Plan[Any]:
+    return (yield op)
 
 
 def send_plan(
@@ -136,6 +199,7 @@ def cancel(conn: psycopg.Connection[Any], message_id: uuid.UUID, *, service: str
     :class:`~estafeta.MessageAlreadyPublished` when it is gone (published, cancelled,
     or never sent). The caller's commit makes the cancel final.
     """
+    write_held(conn)
     plan.run(conn, store.cancel_plan(service, message_id))
 
 
@@ -146,6 +210,7 @@ def reschedule(conn: psycopg.Connection[Any], message_id: uuid.UUID, at: datetim
     already past makes it due now. Refuses as :func:`cancel` does, and with
     :class:`~estafeta.ScheduledMessageRefused` for a row whose publish failed for good.
     """
+    write_held(conn)
     plan.run(conn, store.reschedule_plan(service, message_id, at))
 
 

@@ -14,6 +14,7 @@ from sql import embedded, migrate
 from sql.pool import Database
 
 from ._settings import Settings
+from ._wakeups import Waker
 
 if TYPE_CHECKING:
     from ._locks import LockBackend
@@ -52,6 +53,7 @@ class Runtime:
         self._databases: dict[str, Database] = {}
         self._embedded_dsn: str | None = None
         self._locks: LockBackend | None = None
+        self._wakers: dict[str, Waker] = {}
         self._mutex = threading.Lock()
         #: Whether each database's first use connects in the caller's thread before its pool
         #: starts (:class:`sql.pool.Database`): the CLI's commands report a refused or
@@ -74,10 +76,25 @@ class Runtime:
         with self._mutex:
             database = self._databases.get(dsn)
             if database is None:
+                # ESTAFETA_WAKEUP=poll: no NOTIFY from any transaction on these connections.
+                quiet = {"estafeta.wakeup": "poll"} if self.settings.wakeup == "poll" else None
                 database = self._databases[dsn] = Database(
-                    dsn, max_size=self.settings.pool_size, connect_first=self.connect_first
+                    dsn, max_size=self.settings.pool_size, connect_first=self.connect_first, session_settings=quiet
                 )
             return database
+
+    @property
+    def wakes_after_commit(self) -> bool:
+        """Whether steps send their wake-ups after the commit (``ESTAFETA_WAKEUP=after-commit``)."""
+        return self.settings.wakeup == "after-commit"
+
+    def wake_after_commit(self, database: Database, schema: str) -> None:
+        """Hand ``schema``'s wake-up to ``database``'s :class:`~estafeta._wakeups.Waker` (a step just committed)."""
+        with self._mutex:
+            waker = self._wakers.get(database.dsn)
+            if waker is None:
+                waker = self._wakers[database.dsn] = Waker(database.dsn)
+        waker.wake(schema)
 
     @property
     def embedded(self) -> bool:
@@ -117,6 +134,9 @@ class Runtime:
             for database in self._databases.values():
                 database.close()
             self._databases.clear()
+            for waker in self._wakers.values():
+                waker.close()
+            self._wakers.clear()
             if self._locks is not None:
                 self._locks.close()
                 self._locks = None

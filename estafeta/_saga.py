@@ -460,7 +460,8 @@ class Saga:
         built = self.command_for(row)
         if previous is not None and store.requeue_command(conn, self.service, previous):
             return  # the previous send never left the outbox: it is back in line instead
-        plan.run(conn, self._send_plan(row, traceparent=traceparent, built=built))
+        # In a step, the command rides with the commit (outbox.held_until_commit).
+        outbox.write_or_hold(conn, self._send_plan(row, traceparent=traceparent, built=built))
 
     def _send_plan(
         self, row: SagaRow, *, traceparent: str | None = None, built: tuple[SagaStep, Any, str] | None = None

@@ -51,6 +51,7 @@ _FLOATS: dict[str, tuple[str, float]] = {
 _CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "LOG_FORMAT": ("log_format", ("text", "json")),
     "RABBITMQ_QUEUE_TYPE": ("rabbitmq_queue_type", ("classic", "quorum")),
+    "WAKEUP": ("wakeup", ("notify", "after-commit", "poll")),
 }
 #: Durations (``7d``, ``12h``, ``30m``, ``45s``; a bare number is seconds): variable suffix -> attribute.
 _DURATIONS: dict[str, str] = {
@@ -90,6 +91,15 @@ class Settings:
     relay_batch_size: int = 500
     #: Seconds between relay polls when no NOTIFY wakes it.
     relay_poll_interval: float = 1.0
+    #: How a commit that wrote outbox rows or events wakes the relays and projectors:
+    #: ``after-commit`` (a step's transaction sends no ``NOTIFY``; once it committed, a thread
+    #: of the worker process sends the wake-ups of every step committed since its last round
+    #: from a connection of its own; writes outside steps still NOTIFY at commit), ``notify``
+    #: (a ``NOTIFY`` inside every writing transaction, delivered at its commit: PostgreSQL
+    #: commits notifying transactions one at a time) or ``poll`` (no ``NOTIFY`` from this
+    #: process's pools: relays and projectors find rows at their poll interval, so lower
+    #: ``ESTAFETA_RELAY_POLL_INTERVAL``). The default comes from docs/performance.md, "Wake-ups".
+    wakeup: str = "after-commit"
     #: Publish attempts before an outbox row becomes ``failed``.
     relay_max_attempts: int = 5
     #: Standbys (``pg_stat_replication``) that must have flushed an outbox row's commit before

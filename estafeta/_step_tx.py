@@ -55,6 +55,7 @@ def begin(
     lock_key: str | None,
     *,
     lock_timeout_ms: int,
+    wake_after_commit: bool = False,
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
@@ -66,7 +67,9 @@ def begin(
     savepoint. ``lock_timeout_ms`` bounds every wait: for a delivery of the same message
     still in flight, then for the lock. On an error (``LockNotAvailable``) the transaction
     is left for the caller to roll back; the count was committed before it, unless the
-    count itself gave up waiting.
+    count itself gave up waiting. ``wake_after_commit``: the transaction sends no NOTIFY
+    (``estafeta.wakeup = 'after-commit'``, see ``estafeta._wakeups``); the caller wakes the
+    relays and projectors once it has committed.
     """
     with conn.pipeline():
         if conn.autocommit:
@@ -76,6 +79,8 @@ def begin(
         )
         conn.execute("COMMIT")
         conn.execute("BEGIN")
+        if wake_after_commit:
+            conn.execute("SELECT set_config('estafeta.wakeup', 'after-commit', true)")
         if lock_key is None:
             recorded = inbox.record_forgetting_attempts(conn, schema, consumer, message_id)
         else:

@@ -297,6 +297,8 @@ def _run(
             step_tx.commit(conn)
             logger.info("%s: duplicate delivery of %s absorbed", spec.actor_name, message_id)
             return Outcome.DUPLICATE
+        # What the step sends rides with the commit (outbox.held_until_commit).
+        after_transaction.enter_context(outbox.held_until_commit(conn))
         if in_transaction_lock:
             assert isinstance(runtime.locks, PostgresLocks)
             held: HeldLock | None = runtime.locks.held()
@@ -321,17 +323,22 @@ def _run(
         except BusinessFailure as failure:
             # Back to the savepoint: the step's own work is undone, not the inbox record.
             step_tx.roll_back_work(conn)
+            outbox.drop_held(conn)
             outcome = Outcome.FAILED
             for write in ctx.refusal_writes:
                 write(conn)
             with step_tx.committing(conn):
                 _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+                outbox.write_held(conn)
                 _before_commit(held, conn)
         else:
             outcome = Outcome.OK
             with step_tx.committing(conn):
                 _answer(ctx, spec, str(message_id), ok=True, result=result)
+                outbox.write_held(conn)
                 _before_commit(held, conn)
+    if runtime.wakes_after_commit:
+        runtime.wake_after_commit(database, spec.service)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
 
@@ -350,13 +357,27 @@ def _begin(
     """
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
-        return step_tx.begin(conn, spec.service, spec.actor_name, message_id, None, lock_timeout_ms=timeout_ms)
+        return step_tx.begin(
+            conn,
+            spec.service,
+            spec.actor_name,
+            message_id,
+            None,
+            lock_timeout_ms=timeout_ms,
+            wake_after_commit=runtime.wakes_after_commit,
+        )
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
     try:
         key = spec.lock(command)
         opened = step_tx.begin(
-            conn, spec.service, spec.actor_name, message_id, key, lock_timeout_ms=runtime.locks.timeout_ms
+            conn,
+            spec.service,
+            spec.actor_name,
+            message_id,
+            key,
+            lock_timeout_ms=runtime.locks.timeout_ms,
+            wake_after_commit=runtime.wakes_after_commit,
         )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()

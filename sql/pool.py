@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -130,9 +131,10 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
+def _configure(conn: psycopg.Connection[Any], extra: Mapping[str, str] | None = None) -> None:
     settings = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT}
     settings.update(server_settings(conn.info.server_version))
+    settings.update(extra or {})
     conn.execute(
         "SELECT set_config(name, value, false) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
         (list(settings), list(settings.values())),
@@ -154,7 +156,9 @@ class Database:
         max_size: int = 8,
         timeout: float = 10.0,
         connect_first: bool = False,
+        session_settings: Mapping[str, str] | None = None,
     ) -> None:
+        """``session_settings``: server settings (``set_config``) of every connection, on top of estafeta's own."""
         #: What every connection to this database uses: ``dsn`` with estafeta's timeouts
         #: for a silent network (:mod:`sql.liveness`) where it sets none of its own.
         self.dsn = with_liveness(dsn)
@@ -166,7 +170,7 @@ class Database:
             timeout=timeout,
             open=False,
             kwargs={"autocommit": True},
-            configure=_configure,
+            configure=functools.partial(_configure, extra=dict(session_settings or {})),
             name=self.description,
         )
         self._opened = False

@@ -2,7 +2,8 @@
 -- substituted as an identifier (never as text); everything else is a named parameter.
 
 -- insert_outbox --
--- The row, and the NOTIFY that wakes the relays at commit, in one statement.
+-- The row, and the NOTIFY that wakes the relays at commit, in one statement; none when the
+-- transaction or session set estafeta.wakeup to 'poll' or 'after-commit' (estafeta/_wakeups.py).
 WITH inserted AS (
     INSERT INTO {schema}.outbox
         (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at, message_type)
@@ -12,6 +13,7 @@ WITH inserted AS (
     RETURNING id
 )
 SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
+WHERE coalesce(current_setting('estafeta.wakeup', true), '') NOT IN ('poll', 'after-commit')
 
 -- claim_heads --
 -- The oldest due rows that head their key (no older row of the same key is left, other

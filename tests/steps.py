@@ -11,7 +11,7 @@ from collections import Counter
 import attrs
 
 from actors.pingpong import Pong
-from estafeta import BusinessFailure, StepContext
+from estafeta import BusinessFailure, StepContext, cancel
 
 from .probe import SERVICE
 
@@ -29,6 +29,26 @@ class Refuse:
     """Record a ping, send its pong, then refuse for a business reason."""
 
     ping_id: uuid.UUID
+
+
+@attrs.frozen
+class SendThree:
+    """Send three pongs, cancel the second in the same step, and read the outbox back."""
+
+    ping_id: uuid.UUID
+
+
+#: What ``probe.test_send_three`` read back: the message ids sent, the one cancelled, the rows it saw.
+SENT: dict[uuid.UUID, dict[str, object]] = {}
+
+
+@SERVICE.step(SendThree, name="test_send_three")
+def send_three(ctx: StepContext, command: SendThree) -> None:
+    sent = [ctx.send(Pong(command.ping_id), delay=3600) for _ in range(3)]
+    # The sends ride with the commit; a cancel in the same step finds its message all the same.
+    cancel(ctx.conn, sent[1], service="probe")
+    rows = ctx.conn.execute("SELECT message_id FROM probe.outbox ORDER BY id").fetchall()
+    SENT[command.ping_id] = {"sent": sent, "seen": [r[0] for r in rows]}
 
 
 #: Attempts per ping id of ``probe.test_explode``.

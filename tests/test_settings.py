@@ -78,6 +78,7 @@ def test_a_dsn_naming_a_primary_and_its_standby_is_accepted_and_described_host_b
         ({"ESTAFETA_BROKR_URL": "stub://"}, "ESTAFETA_BROKR_URL: unknown setting"),
         ({"ESTAFETA_MIN_BACKOFF_MS": "10", "ESTAFETA_MAX_BACKOFF_MS": "5"}, "ESTAFETA_MAX_BACKOFF_MS: must not be"),
         ({"ESTAFETA_LOG_FORMAT": "xml"}, "ESTAFETA_LOG_FORMAT: 'xml' is not one of text, json"),
+        ({"ESTAFETA_WAKEUP": "never"}, "ESTAFETA_WAKEUP: 'never' is not one of notify, after-commit, poll"),
         ({"ESTAFETA_METRICS_PORT": "70000"}, "ESTAFETA_METRICS_PORT: 70000 is not a TCP port"),
         ({"ESTAFETA_SAGA_STUCK_AFTER": "0"}, "ESTAFETA_SAGA_STUCK_AFTER: 0 is below the minimum"),
     ],

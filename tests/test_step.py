@@ -17,11 +17,24 @@ from tests.app import STEPS
 from .helpers import message_for, now, scalar, wait_until
 from .integration import processes
 from .probe import SERVICE as probe
-from .steps import ATTEMPTS, Crash, Explode, Refuse
+from .steps import ATTEMPTS, SENT, Crash, Explode, Refuse, SendThree
 
 PING = STEPS["pingpong.ping"]
 EXPLODE = STEPS["probe.test_explode"]
 REFUSE = STEPS["probe.test_refuse"]
+SEND_THREE = STEPS["probe.test_send_three"]
+
+
+def test_a_step_s_sends_commit_in_the_order_sent_and_a_cancel_in_the_same_step_finds_its_message(
+    runtime: Runtime, conn
+) -> None:
+    ping_id = uuid.uuid4()
+    assert deliver(SEND_THREE, runtime, message_for("probe.test_send_three", SendThree(ping_id))) == "ok"
+    first, _cancelled, third = SENT[ping_id]["sent"]  # type: ignore[misc]
+    # Held until the commit, the sends were written before the cancel ran (and read).
+    assert SENT[ping_id]["seen"] == [first, third]
+    rows = conn.execute("SELECT message_id FROM probe.outbox ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == [first, third]
 
 
 def test_change_and_outgoing_message_commit_together(runtime: Runtime, conn) -> None:

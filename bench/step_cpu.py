@@ -1,0 +1,92 @@
+"""``python -m bench.step_cpu``: CPU of one step delivery, client and server, in this process (no broker).
+
+``estafeta.deliver`` runs the ping step (or the order saga's charge step) ``--deliveries``
+times on one thread, as a worker thread does; the figures are the CPU time of this process
+and of its PostgreSQL backends (``/proc``) per delivery, so a busy machine changes them
+little. ``--profile`` prints cProfile's top functions by own time instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import dramatiq
+import psycopg
+
+from actors.app import app
+from actors.pingpong import Ping
+from estafeta import Runtime, Settings, deliver
+from estafeta._messages import to_json
+
+from .common import scratch_database
+from .cpu import process_cpu
+from .wakeups import _admin
+
+
+def _message() -> dramatiq.Message[Any]:
+    ping = Ping(uuid.uuid4(), datetime.now(UTC))
+    return dramatiq.Message(
+        queue_name="pingpong", actor_name="pingpong.ping", args=(to_json(ping),), kwargs={}, options={}
+    )
+
+
+def measure(deliveries: int, profile: bool, rounds: int) -> None:
+    def prepare(dsn: str) -> None:
+        runtime = Runtime(Settings(database_url=dsn))
+        runtime.migrate(app.services)
+        runtime.close()
+
+    with scratch_database(_admin(), prepare) as dsn, psycopg.connect(dsn, autocommit=True) as probe:
+        runtime = Runtime(Settings(database_url=dsn, pool_size=1))
+        spec = app.steps["pingpong.ping"]
+        for _ in range(20):  # connected, statements prepared
+            deliver(spec, runtime, _message())
+        messages = [_message() for _ in range(deliveries * rounds)]
+        backends = [
+            int(r[0])
+            for r in probe.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        ]
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for message in messages[:deliveries]:
+                deliver(spec, runtime, message)
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+            runtime.close()
+            return
+        for n in range(rounds):
+            client, server, began = process_cpu(os.getpid()), sum(process_cpu(p) for p in backends), time.perf_counter()
+            for message in messages[n * deliveries : (n + 1) * deliveries]:
+                deliver(spec, runtime, message)
+            wall = time.perf_counter() - began
+            client = (process_cpu(os.getpid()) - client) * 1e6 / deliveries
+            server = (sum(process_cpu(p) for p in backends) - server) * 1e6 / deliveries
+            print(
+                f"ping step: client {client:.0f} us CPU, server {server:.0f} us CPU, {client + server:.0f} in all,"
+                f" {wall * 1e6 / deliveries:.0f} us wall per delivery; load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+        runtime.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.step_cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--deliveries", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    measure(args.deliveries, args.profile, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
