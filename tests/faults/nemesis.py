@@ -6,7 +6,8 @@ lock server each in a namespace of their own, the test (and the ``estafeta`` com
 runs) in an observer's. Each fault starts, then a wave of orders is placed (``estafeta
 orders place``, as the kill runs do; over HTTP with Idempotency-Keys, retried until
 accepted, while the HTTP server is cut from its database), so its sagas run into it; the
-fault lasts ``fault_seconds`` (packet loss at most :data:`LOSS_SECONDS`) and is healed; the
+fault lasts ``fault_seconds`` (packet loss at most :data:`LOSS_SECONDS`, the lock's
+cut at most 9.5 s: its scenario is over by then) and is healed; the
 time from the heal until every saga of the wave has ended is that fault's recovery time.
 The lock fault is a side scenario: a lock holder cut from the Redis lock server loses its
 lease, a successor takes the key, then the stale holder writes: its fencing token must be
@@ -64,9 +65,12 @@ class Fault:
     name: str
     start: Callable[[], None]
     kind: str = "link"
-    loss: bool = False
+    #: The longest it lasts, whatever ``fault_seconds`` says.
+    longest: float | None = None
     http: bool = False
     during: Callable[[], None] | None = None
+    #: Called before the heal (a fault that keeps changing the rules stops here).
+    stop: Callable[[], None] | None = None
 
 
 def _everywhere(net: Network, percent: int) -> None:
@@ -74,6 +78,35 @@ def _everywhere(net: Network, percent: int) -> None:
     for i, a in enumerate(nodes):
         for b in nodes[i + 1 :]:
             net.lossy(a, b, percent)
+
+
+class _Flapping:
+    """Cut ``links`` for a second, heal them for a second, again and again until :meth:`stop`."""
+
+    def __init__(self, net: Network, links: list[tuple[Node, Node]], period: float = 1.0) -> None:
+        self.net, self.links, self.period = net, links, period
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stopped.clear()
+        self._thread = threading.Thread(target=self._flap, daemon=True)
+        self._thread.start()
+
+    def _flap(self) -> None:
+        while not self._stopped.is_set():
+            for a, b in self.links:
+                self.net.cut(a, b)
+            if self._stopped.wait(self.period):
+                return
+            for a, b in self.links:
+                self.net.heal(a, b)
+            self._stopped.wait(self.period)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(30)
 
 
 def fault_seconds() -> float:
@@ -151,6 +184,7 @@ class NemesisRun(KillAndRecover):
         net, n = self.net, self.nodes
         db, mq, worker, relay = n["db"], n["mq"], n["worker"], n["relay"]
         broker = {"rabbitmq": "RabbitMQ", "redis": "Redis", "kafka": "Kafka"}[self.broker]
+        flapping = _Flapping(net, [(worker, db), (worker, mq)])
         faults = [
             Fault("worker <-> database cut", lambda: net.cut(worker, db)),
             Fault(f"relay <-> broker ({broker}) cut", lambda: net.cut(relay, mq), kind="broker"),
@@ -159,8 +193,14 @@ class NemesisRun(KillAndRecover):
                 "database -> worker lost (one way: requests arrive, answers do not)",
                 lambda: net.cut_one_way(db, worker),
             ),
-            Fault("10 % loss on every link", lambda: _everywhere(net, 10), loss=True),
-            Fault("30 % loss on every link", lambda: _everywhere(net, 30), loss=True),
+            Fault("relay <-> database cut (it may have published what it cannot delete)", lambda: net.cut(relay, db)),
+            Fault("10 % loss on every link", lambda: _everywhere(net, 10), longest=LOSS_SECONDS),
+            Fault(
+                "the workers' links to the database and the broker flapping (cut 1 s, whole 1 s)",
+                flapping.start,
+                stop=flapping.stop,
+            ),
+            Fault("30 % loss on every link", lambda: _everywhere(net, 30), longest=LOSS_SECONDS),
         ]
         if "api" in n:
             faults.append(
@@ -170,19 +210,27 @@ class NemesisRun(KillAndRecover):
                     http=True,
                 )
             )
+            faults.append(
+                Fault(
+                    "database -> HTTP server lost (one way: its commits land, their answers do not)",
+                    lambda: net.cut_one_way(db, n["api"]),
+                    http=True,
+                )
+            )
         if "holder" in n and self.lock_url is not None:
             faults.append(
                 Fault(
                     "lock holder <-> Redis lock server cut (its lease runs out, a successor takes the key)",
                     self._start_stale_holder,
                     kind="lock",
+                    longest=LOCK_TTL_MS / 1000 + 8,
                     during=self._successor_then_stale_write,
                 )
             )
         return faults
 
     def seconds_of(self, fault: Fault) -> float:
-        return min(self.fault_seconds, LOSS_SECONDS) if fault.loss else self.fault_seconds
+        return self.fault_seconds if fault.longest is None else min(self.fault_seconds, fault.longest)
 
     # -- processes ------------------------------------------------------------------------
 
@@ -232,6 +280,8 @@ class NemesisRun(KillAndRecover):
             time.sleep(max(seconds - (time.monotonic() - began), 0.0))
             placed = self.wave * number
             in_flight = placed - self.ended()
+            if fault.stop is not None:
+                fault.stop()
             self.net.heal_all()
             healed = time.monotonic()
             placing.join(self.recovery_timeout)
