@@ -27,6 +27,7 @@ import collections
 import os
 import queue
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -119,17 +120,22 @@ def chaos_seed() -> int:
     return int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(2**31))
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 @attrs.define
 class Broken:
-    """One invariant that does not hold, and the rows that break it."""
+    """One invariant that does not hold, the rows that break it, and the faults whose waves they belong to."""
 
     invariant: str
     rows: list[Any]
+    faults: collections.Counter[str] = attrs.Factory(collections.Counter)
 
     def __str__(self) -> str:
         shown = "\n    ".join(str(row) for row in self.rows[:20])
         more = f"\n    ... and {len(self.rows) - 20} more" if len(self.rows) > 20 else ""
-        return f"{self.invariant}: {len(self.rows)} offending row(s)\n    {shown}{more}"
+        waves = "; ".join(f"{n} in the wave of {fault!r}" for fault, n in self.faults.most_common())
+        return f"{self.invariant}: {len(self.rows)} offending row(s){f' ({waves})' if waves else ''}\n    {shown}{more}"
 
 
 class NemesisRun(KillAndRecover):
@@ -176,6 +182,8 @@ class NemesisRun(KillAndRecover):
         #: The fenced scenario's outcome: the stale holder's answer, its ping id and its successor's.
         self.fenced: dict[str, Any] = {}
         self.api: Child | None = None
+        #: Each order's and saga's id -> the fault its wave ran into.
+        self.wave_of: dict[str, str] = {}
 
     # -- the schedule ---------------------------------------------------------------------
 
@@ -292,6 +300,7 @@ class NemesisRun(KillAndRecover):
             if not errors.empty():
                 raise errors.get()
             self._wait_for_wave(fault, placed)
+            self._mark_wave(fault)
             recovered = round(time.monotonic() - healed, 1)
             self.recoveries.append({"fault": fault.name, "in_flight_at_heal": in_flight, "recovered_after": recovered})
             print(
@@ -311,6 +320,14 @@ class NemesisRun(KillAndRecover):
                 fault.during()
         except BaseException as exc:  # handed to the schedule's thread
             errors.put(exc)
+
+    def _mark_wave(self, fault: Fault) -> None:
+        query = """SELECT o.order_id, s.saga_id FROM orders.orders o LEFT JOIN orders.saga_order s USING (order_id)
+                   WHERE starts_with(o.customer_id, %s)"""
+        for order_id, saga_id in self._rows("orders", query, (self.prefix,)):
+            for found in (order_id, saga_id):
+                if found is not None:
+                    self.wave_of.setdefault(str(found), fault.name)
 
     def _wait_for_wave(self, fault: Fault, placed: int) -> None:
         self.wait_for(f"the wave of {fault.name!r} to end", lambda: self.ended() >= placed, self.recovery_timeout)
@@ -440,7 +457,11 @@ class NemesisRun(KillAndRecover):
 
         def check(name: str, rows: list[Any]) -> None:
             if rows:
-                broken.append(Broken(name, rows))
+                waves = collections.Counter(
+                    next((self.wave_of[i] for i in _UUID.findall(str(row)) if i in self.wave_of), "no wave")
+                    for row in rows
+                )
+                broken.append(Broken(name, rows, waves))
 
         orders = self._rows(
             "orders", "SELECT order_id FROM orders.orders WHERE starts_with(customer_id, %s)", (prefix,)
