@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-heavy chaos unit integration lint typecheck bench clean docs docs-serve system-deps
+.PHONY: demo test test-heavy chaos chaos-short unit integration lint typecheck bench clean docs docs-serve system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,21 +22,29 @@ test: $(STAMP) lint typecheck
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
 	$(BIN)/pytest -m "not heavy" --durations=15
 
-## The long runs (volume under kills, clusters, failover, network faults, a pip install);
-## .ci/run runs them after make test, so CI runs every test. The benchmark's peers are tested
-## here, so it installs the bench extra.
+## The long runs (volume under kills, clusters, failover, a pip install) but the network
+## fault suite's; .ci/run runs them after make test, then make chaos-short: CI runs every
+## test. The benchmark's peers are tested here, so it installs the bench extra.
 test-heavy: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/pytest -m heavy
+	$(BIN)/pytest -m heavy --ignore=tests/faults
+
+## The network fault suite's long runs as CI runs them: every fault once for 5 s, RabbitMQ
+## as the broker (CHAOS_SEED=N replays a run's order of faults).
+chaos-short: $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
+	$(BIN)/pytest tests/faults -m heavy
 
 ## The network fault suite (tests/faults: partitions, one-way cuts and packet loss between
 ## components in network namespaces; needs root and nftables), printing what each fault did.
-## Faults last 60 s here (past every client's timeout; CI's run: 10 s); CHAOS_SEED=N
-## replays a run's order of faults, CHAOS_FAULT_SECONDS=N changes their length.
+## Faults last 60 s here (past every client's timeout; packet loss 20 s; CI's run: 5 s), and
+## the broker faults run with RabbitMQ, Redis and Kafka; CHAOS_SEED=N replays a run's order
+## of faults, CHAOS_FAULT_SECONDS=N changes their length, CHAOS_BROKERS=redis picks brokers.
 chaos: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
-	CHAOS_FAULT_SECONDS=$${CHAOS_FAULT_SECONDS:-60} $(BIN)/pytest tests/faults -s
+	CHAOS_FAULT_SECONDS=$${CHAOS_FAULT_SECONDS:-60} CHAOS_BROKERS=$${CHAOS_BROKERS:-rabbitmq,redis,kafka} \
+	  $(BIN)/pytest tests/faults -s
 
 ## The Debian packages the suite needs that pip cannot install: Chromium, chromedriver, Prometheus, nftables.
 system-deps:

@@ -191,6 +191,8 @@ def events_for(transition: SagaTransition) -> list[Any]:
     elif transition.event == "resumed":
         found.append(SagaResumed(transition.step))
     elif reply is not None and reply.ok and before is not None and transition.previous_step is not None:
+        if before == "failed":  # a late answer to the command the saga gave up on: asked while it ran or compensated
+            before = "compensating" if reply.context.get("direction") == "compensation" else "running"
         done = _DONE.get((before, transition.previous_step))
         if done is not None and data is not None:
             found.append(done(data, reply.result or {}, transition.error or ""))

@@ -264,7 +264,19 @@ class Saga:
         row = store.lock(ctx.conn, self.table, saga_id)
         if row is None:
             raise BusinessFailure(f"no {self.name} saga {saga_id}")
-        if not self._answers_current(row, context):
+        late = reply.ok and self._answers_given_up(row, context)
+        if late:
+            # The watchdog gave the step up for want of an answer (a partition outlasting its
+            # attempts, say); this answer proves it done: the saga carries on from there.
+            logger.info(
+                "saga %s: %s reply to %s v%s came after its attempts ran out: taken (was %s)",
+                saga_id,
+                context.get("direction"),
+                context.get("step"),
+                context.get("version"),
+                row.last_error,
+            )
+        elif not self._answers_current(row, context):
             REPLIES.labels(self.name, "stale").inc()
             logger.info(
                 "saga %s: %s reply to %s v%s ignored (now %s %s v%s)",
@@ -277,7 +289,7 @@ class Saga:
                 row.version,
             )
             return
-        REPLIES.labels(self.name, "accepted").inc()
+        REPLIES.labels(self.name, "late" if late else "accepted").inc()
         traceparent = ctx.options.get("traceparent")
         if context["direction"] == ACTION:
             if reply.ok:
@@ -308,6 +320,22 @@ class Saga:
             and context.get("step") == row.current_step
             and context.get("direction") == direction
         )
+
+    def _answers_given_up(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
+        """Whether ``context`` is the command the saga failed on for want of a reply, nothing happening since.
+
+        The watchdog fails a saga whose compensation (or whose step past the point of no
+        return) got no answer after all its attempts, one version after the one it sent
+        under; an answer to that very command is then late, not stale: the participant acted.
+        """
+        step = context.get("step")
+        if row.status != "failed" or step != row.current_step or context.get("version") != row.version - 1:
+            return False
+        direction = ACTION if row.compensations is None else COMPENSATION
+        if context.get("direction") != direction:
+            return False
+        gave_up = f"{step}: no reply after " if direction == ACTION else f"compensation {step}: no reply after "
+        return (row.last_error or "").startswith(gave_up)
 
     # -- transitions ----------------------------------------------------------------------
 

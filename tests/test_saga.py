@@ -9,6 +9,7 @@ from datetime import timedelta
 import attrs
 import pytest
 
+from actors import order_events, order_history
 from actors.order_saga import ORDER_SAGA
 from estafeta import Clock, Reply, Runtime, Saga, SagaError, SagaStep, Service, Watchdog
 from estafeta._saga import REPLIES
@@ -325,6 +326,76 @@ def test_a_command_sent_again_after_it_took_effect_is_answered_again_without_tak
     assert saga(conn, placed.saga_id).status == "completed"
     assert balance(conn) == 7_000
     assert scalar(conn, "SELECT count(*) FROM payments.payments") == 1
+
+
+def test_a_late_answer_to_a_compensation_given_up_for_want_of_replies_finishes_the_compensation(
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
+) -> None:
+    # Found by the network fault suite: a 60 s cut between the workers and the broker outlasted
+    # the refund's attempts; the refunds' answers came seconds after the saga had failed, and
+    # were ignored as stale: the order stayed pending, its saga failed, for an operator.
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
+    _give_up_on_charge(conn, courier, clock, placed.saga_id)
+    late = courier.take(REFUND)  # held up by the partition
+    for attempt in range(1, 4):
+        assert overdue(clock, attempt) == ({"resent": 1} if attempt < 3 else {"failed": 1})
+        while courier.pending(REFUND):
+            courier.take(REFUND)  # lost
+    failed = saga(conn, placed.saga_id)
+    assert (failed.status, failed.last_error) == ("failed", "compensation charge_payment: no reply after 3 attempt(s)")
+    assert courier.deliver(late) == "ok"  # the partition heals: the refund is done after all
+    assert courier.deliver(courier.take(REPLY)) == "ok"
+    courier.run()
+    row = saga(conn, placed.saga_id)
+    assert row.status == "compensated"
+    assert order_status(conn, placed.order_id) == "cancelled"
+    assert (balance(conn), available(conn)) == (10_000, 5)
+    # The order's history records the refund the late answer reported, once.
+    assert order_history.disagreements(conn, {placed.order_id: "compensated"}) == []
+    history = [type(r.event).__name__ for r in order_events.STORE.read(conn, order_events.stream_id(placed.order_id))]
+    assert history.count("PaymentRefunded") == 1, history
+
+
+def test_a_late_answer_to_a_step_past_the_point_of_no_return_given_up_completes_the_saga(
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
+    courier.run(hold=frozenset({CONFIRM}))
+    late = courier.take(CONFIRM)
+    for attempt in range(1, 4):
+        overdue(clock, attempt)
+        while courier.pending(CONFIRM):
+            courier.take(CONFIRM)
+    assert saga(conn, placed.saga_id).status == "failed"
+    assert courier.deliver(late) == "ok"
+    assert courier.deliver(courier.take(REPLY)) == "ok"
+    courier.run()
+    assert saga(conn, placed.saga_id).status == "completed"
+    assert order_status(conn, placed.order_id) == "confirmed"
+
+
+def test_a_late_answer_is_stale_once_an_operator_resumed_the_failed_saga(
+    runtime: Runtime, conn, courier: Courier, clock: VirtualClock
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
+    courier.run(hold=frozenset({CONFIRM}))
+    late = courier.take(CONFIRM)
+    for attempt in range(1, 4):
+        overdue(clock, attempt)
+        while courier.pending(CONFIRM):
+            courier.take(CONFIRM)
+    with runtime.database("orders").transaction() as tx:
+        assert ORDER_SAGA.resume(tx, placed.saga_id) == "retrying"
+    assert courier.deliver(late) == "ok"
+    answer = courier.take(REPLY)
+    before = snapshot(conn, placed.saga_id)
+    assert courier.deliver(answer) == "ok"  # answers the send before the resume: stale
+    assert snapshot(conn, placed.saga_id) == before
+    courier.run()
+    assert saga(conn, placed.saga_id).status == "completed"
 
 
 def test_a_resent_command_still_in_the_outbox_is_put_back_in_line(

@@ -17,5 +17,5 @@ of its own.
 - Processes start inside one with ``node.command(*argv)`` (``ip netns exec``); the test's own
   connections open inside one with ``inside(node)``.
 
-docs/contributing.md ("Network faults") says how to run them and what they cover.
+docs/operations/network-faults.md says how to run them, what they cover and what they found.
 """
