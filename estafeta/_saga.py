@@ -309,8 +309,12 @@ class Saga:
             self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}", reply=reply)
 
     def awaits(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
-        """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context."""
-        return self._answers_current(row, context)
+        """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context.
+
+        A saga failed for want of an answer to that very command still takes it (a late
+        answer), so a replay of the command is not obsolete.
+        """
+        return self._answers_current(row, context) or self._answers_given_up(row, context)
 
     def _answers_current(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
         direction = ACTION if row.status == "running" else COMPENSATION

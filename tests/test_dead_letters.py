@@ -23,7 +23,7 @@ from .lock_steps import open_account
 from .services import scratch_database
 from .shop import Courier, place, saga, seed
 from .steps import Settle
-from .test_saga import CHARGE, _give_up_on_charge
+from .test_saga import CHARGE, CONFIRM, TIMEOUT, _give_up_on_charge, order_status, overdue
 from .test_saga_refusals import lock_held_elsewhere
 
 SETTLE = "probe.test_settle"
@@ -130,6 +130,33 @@ def test_a_saga_command_whose_saga_moved_on_is_marked_obsolete_not_replayed(
     assert scalar(conn, "SELECT count(*) FROM payments.outbox") == 0
     assert show(runtime, ["payments"], outcome.letter.id).status == "obsolete"
     assert scalar(conn, "SELECT balance_cents FROM payments.accounts") == 10_000
+
+
+def test_the_command_a_failed_saga_gave_up_on_is_replayed_and_its_answer_completes_the_saga(
+    runtime: Runtime, conn, database_url
+) -> None:
+    # The watchdog failed the saga for want of an answer to its confirm (past the point of no
+    # return); the confirm itself was parked by its step. The saga takes a late answer to that
+    # very command (issue 23's finding), so the replay is not obsolete: it completes the saga.
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
+    courier = Courier(runtime, conn)
+    clock = VirtualClock(Clock(runtime, tests_app.service_names), watchdog=Watchdog(runtime, [ORDER_SAGA]))
+    courier.run(hold=frozenset({CONFIRM}))
+    held = courier.take(CONFIRM)
+    for attempt in range(1, 4):
+        overdue(clock, attempt)
+        while courier.pending(CONFIRM):
+            courier.take(CONFIRM)  # lost
+    assert saga(conn, placed.saga_id).status == "failed"
+    message = to_message(held).copy(options={"retries": runtime.settings.max_retries})
+    with lock_held_elsewhere(database_url, str(placed.order_id)):
+        assert deliver(STEPS[CONFIRM], runtime, message) == "dead_lettered"  # its last attempt met the lock
+    (outcome,) = replay(runtime, tests_app, ["orders"])
+    assert outcome.outcome == "replayed", outcome.detail
+    courier.run()
+    assert saga(conn, placed.saga_id).status == "completed"
+    assert order_status(conn, placed.order_id) == "confirmed"
 
 
 def park(conn, consumer: str, options: Any, args: Any = None) -> int:
