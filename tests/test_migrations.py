@@ -87,6 +87,7 @@ def test_applying_twice_applies_nothing_the_second_time(database_url: str) -> No
         runtime.close()
 
 
+@pytest.mark.heavy
 def test_services_can_live_in_separate_databases() -> None:
     with scratch_database() as main_dsn, scratch_database() as pingpong_dsn:
         runtime = Runtime(Settings(database_url=main_dsn, service_database_urls={"pingpong": pingpong_dsn}))
@@ -111,6 +112,7 @@ def _estafeta(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.heavy
 def test_check_exits_1_while_pending_and_four_migrators_at_once_apply_each_file_once() -> None:
     with scratch_database() as dsn:
         env = service_env(dsn, "stub://")

@@ -104,6 +104,7 @@ def test_bad_input_is_one_line_and_exit_code_2(env: dict[str, str], args: list[s
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.heavy
 def test_sagas_can_be_listed_shown_resumed_watched_and_aborted(env: dict[str, str], conn) -> None:
     ok(env, "seed", "--customers", "1", "--balance", "5000", "--skus", "1", "--stock", "10")
     placed = json.loads(ok(env, "orders", "place", "--customer", "c1", "--sku", "sku1", "--amount", "700", "--json"))
@@ -128,6 +129,7 @@ def test_sagas_can_be_listed_shown_resumed_watched_and_aborted(env: dict[str, st
     assert again.stderr.strip() == f"estafeta: saga {saga_id} is compensating: nothing to abort"
 
 
+@pytest.mark.heavy
 def test_the_demo_runs_end_to_end_and_reconciles(env: dict[str, str]) -> None:
     env = {**env, "ESTAFETA_SAGA_STEP_TIMEOUT": "30"}
     summary = json.loads(ok(env, "demo", "--orders", "40", "--seed", "3", "--json"))

@@ -184,6 +184,7 @@ def test_durations_read_as_an_operator_writes_them() -> None:
     assert (defaults.inbox_retention, defaults.dead_letter_retention) == (timedelta(days=7), timedelta(days=7))
 
 
+@pytest.mark.heavy
 def test_workers_prune_periodically_and_can_be_told_not_to(database_url: str, runtime: Runtime, conn) -> None:
     ping(runtime)
     age(conn, "pingpong.inbox", "processed_at", 8)

@@ -186,6 +186,7 @@ def test_a_failed_row_cannot_be_rescheduled_but_can_be_cancelled(runtime: Runtim
         cancel(tx, message_id, service=SCHEMA)
 
 
+@pytest.mark.heavy
 def test_the_cli_lists_cancels_and_reschedules_and_refuses_with_exit_2(database_url: str, runtime: Runtime):
     env = service_env(database_url, "stub://")
     first = _send(runtime, at=datetime(2040, 1, 1, tzinfo=UTC))

@@ -51,6 +51,7 @@ def project(tmp_path: Path, database_url: str) -> Path:
     return tmp_path / "project"
 
 
+@pytest.mark.heavy
 def test_the_example_passes_with_the_plugin_from_its_entry_point_even_when_a_conftest_loads_it_too(
     project: Path,
 ) -> None:

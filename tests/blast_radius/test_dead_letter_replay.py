@@ -39,6 +39,7 @@ def park_settles(runtime: Runtime, count: int) -> list[uuid.UUID]:
     return orders
 
 
+@pytest.mark.heavy
 def test_a_malformed_dead_letter_in_a_replayed_group_stays_parked_with_its_reason_and_the_others_take_effect(
     database_url: str, amqp_url: str, runtime: Runtime, conn, tmp_path: Path
 ) -> None:

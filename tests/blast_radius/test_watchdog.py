@@ -151,6 +151,7 @@ def errors_metric() -> float:
     return prometheus_client.REGISTRY.get_sample_value("estafeta_saga_watchdog_errors_total", {"saga": "work"}) or 0.0
 
 
+@pytest.mark.heavy
 def test_a_poisoned_saga_and_a_stranded_one_stop_only_themselves(
     runtime_far: Runtime, database_url: str, far_database: str, conn: psycopg.Connection[Any]
 ) -> None:

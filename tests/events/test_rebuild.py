@@ -39,6 +39,7 @@ def columns(conn: psycopg.Connection[Any], schema: str, table: str) -> list[str]
 
 
 @pytest.mark.integration
+@pytest.mark.heavy
 def test_a_rebuild_while_writers_run_switches_over_without_a_gap(
     event_schema: EventSchema, conn: psycopg.Connection[Any]
 ) -> None:

@@ -93,6 +93,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.heavy
 def test_the_projection_and_event_commands(dsn: str, runtime: Runtime) -> None:
     env = service_env(dsn, "stub://")
     binding = app.bind(StubBroker(), runtime, projectors=False)  # `projections run` below does the projecting

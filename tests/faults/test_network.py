@@ -45,6 +45,7 @@ def _round_trip(sock: socket.socket) -> bool:
         return False
 
 
+@pytest.mark.heavy
 def test_a_cut_drops_everything_silently_and_heal_restores_the_same_connection(net: Network) -> None:
     a, b, c = net.add("a"), net.add("b"), net.add("c")
     server = _echo_server(b)

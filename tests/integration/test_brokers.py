@@ -56,6 +56,7 @@ def test_step_module_runs_unchanged_on_a_real_broker(
     assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
 
 
+@pytest.mark.heavy
 def test_malformed_message_is_dead_lettered_and_the_worker_keeps_serving(
     broker_url: str, database_url: str, runtime, conn, tmp_path: Path
 ) -> None:

@@ -129,6 +129,7 @@ def test_the_console_shows_a_stuck_saga_and_resumes_it_when_actions_are_allowed(
     assert scalar(conn, "SELECT count(*) FROM orders.outbox WHERE saga_id = %s", saga_id) == 2  # sent again
 
 
+@pytest.mark.heavy
 def test_failed_rows_are_retried_and_a_saga_aborted_from_the_console(
     database_url: str, conn, browser: Any, tmp_path: Path
 ) -> None:

@@ -92,6 +92,7 @@ def test_relay_killed_after_claiming_before_publishing(broker_url, database_url,
     assert scalar(conn, "SELECT max(pongs) FROM pingpong.pings") == 1
 
 
+@pytest.mark.heavy
 def test_listener_backend_terminated(database_url, amqp_url, runtime, conn, tmp_path: Path) -> None:
     # A 2 s poll: the rows must go out within it, whether or not the listener is back.
     env = {**processes.service_env(database_url, amqp_url), "ESTAFETA_RELAY_POLL_INTERVAL": "2"}

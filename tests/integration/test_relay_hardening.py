@@ -80,6 +80,7 @@ def broker_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("amqp_url" if request.param == "rabbitmq" else "redis_url"))
 
 
+@pytest.mark.heavy
 def test_a_row_that_cannot_be_encoded_fails_alone_and_the_relay_carries_on(
     broker_url, database_url, runtime, conn, tmp_path: Path
 ) -> None:
