@@ -28,7 +28,7 @@ test: $(STAMP) lint typecheck
 test-heavy: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/pytest -m heavy --ignore=tests/faults
+	$(BIN)/pytest -m heavy --ignore=tests/faults --durations=30
 
 ## The network fault suite's long runs as CI runs them: every fault once for 5 s, RabbitMQ
 ## as the broker (CHAOS_SEED=N replays a run's order of faults).
