@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,32 @@ class WorkerLogs(dramatiq.Middleware):
 def has_middleware(broker: dramatiq.Broker, kind: type[Any]) -> bool:
     """Whether ``broker`` already carries a middleware of type ``kind``."""
     return any(isinstance(m, kind) for m in broker.middleware)
+
+
+class WorkerThread(dramatiq.Middleware):
+    """A thread of each worker process, from boot to shutdown: ``run(stop)`` until ``stop`` is set.
+
+    The saga watchdog, the scheduler and the pruner each run as one.
+    """
+
+    #: The thread's name, as thread dumps and py-spy show it.
+    thread_name = "estafeta-worker-thread"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        """The thread's work; returns soon after ``stop`` is set."""
+        raise NotImplementedError
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, args=(self._stop,), name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None

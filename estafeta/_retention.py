@@ -28,7 +28,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import dramatiq
 import psycopg
 from prometheus_client import Counter
 
@@ -36,6 +35,7 @@ from sql import retention as store
 from sql import sagas
 from sql.errors import DatabaseError, EstafetaError
 
+from ._middleware import WorkerThread
 from ._runtime import Runtime
 from ._settings import Settings
 
@@ -169,40 +169,30 @@ def _reset_lock_timeout(conn: psycopg.Connection[Any]) -> None:
         conn.execute("RESET lock_timeout")
 
 
-class PruneMiddleware(dramatiq.Middleware):
+class PruneMiddleware(WorkerThread):
     """Prunes every ``ESTAFETA_PRUNE_INTERVAL`` in each worker process, from boot to shutdown.
 
     The first run comes at a random point of the first interval, so that workers started
     together do not prune together (they could: it is safe, only wasteful).
     """
 
+    thread_name = "estafeta-pruner"
+
     def __init__(self, runtime: Runtime, services: Sequence[Service], sagas_: Sequence[Saga]) -> None:
+        super().__init__()
         self.runtime = runtime
         self.services = list(services)
         self.sagas = list(sagas_)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def adopt(self, services: Sequence[Service], sagas_: Sequence[Saga]) -> None:
         """Prune these too (another app bound to the same broker)."""
         self.services.extend(s for s in services if s not in self.services)
         self.sagas.extend(s for s in sagas_ if s not in self.sagas)
 
-    def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="estafeta-pruner", daemon=True)
-        self._thread.start()
-
-    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def _run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
         interval = self.runtime.settings.prune_interval.total_seconds()
         wait = random.uniform(0, interval)
-        while not self._stop.wait(wait):
+        while not stop.wait(wait):
             wait = interval
             try:
                 done = prune(self.runtime, self.services, self.sagas).counts  # each failure is logged by prune

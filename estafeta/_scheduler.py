@@ -32,7 +32,6 @@ from datetime import datetime
 from typing import Any
 
 import attrs
-import dramatiq
 import psycopg
 import psycopg.errors
 
@@ -42,6 +41,7 @@ from sql.errors import DatabaseError, DatabaseUnavailable
 
 from . import _outbox as outbox
 from ._errors import RoutingError
+from ._middleware import WorkerThread
 from ._runtime import Runtime
 from ._schedule_spec import CatchUp, Overlap, Schedule
 
@@ -385,24 +385,15 @@ def _describe(
     return "; ".join(parts) or "nothing to send"
 
 
-class SchedulerMiddleware(dramatiq.Middleware):
+class SchedulerMiddleware(WorkerThread):
     """Runs a :class:`Scheduler` thread in each worker process, from boot to shutdown."""
 
+    thread_name = "estafeta-scheduler"
+
     def __init__(self, runtime: Runtime, schedules: Sequence[Schedule]) -> None:
+        super().__init__()
         self.runtime = runtime
         self.schedules = list(schedules)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
-        self._stop.clear()
-        scheduler = Scheduler(self.runtime, self.schedules)
-        self._thread = threading.Thread(target=scheduler.run, args=(self._stop,), name="estafeta-scheduler")
-        self._thread.daemon = True
-        self._thread.start()
-
-    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+    def run(self, stop: threading.Event) -> None:
+        Scheduler(self.runtime, self.schedules).run(stop)

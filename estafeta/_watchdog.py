@@ -36,9 +36,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
-import dramatiq
 import prometheus_client
 import psycopg.errors
 
@@ -47,6 +45,7 @@ from sql.errors import DatabaseError, DatabaseUnavailable
 from sql.sagas import SagaRow
 
 from . import _tracing as tracing
+from ._middleware import WorkerThread
 from ._runtime import Runtime
 from ._saga import TRANSITIONS, Saga
 from ._saga_model import SagaStuck
@@ -234,24 +233,15 @@ def _unchanged(row: SagaRow, seen: SagaRow) -> bool:
     return row.live and (row.version, row.attempts) == (seen.version, seen.attempts)
 
 
-class WatchdogMiddleware(dramatiq.Middleware):
+class WatchdogMiddleware(WorkerThread):
     """Runs a :class:`Watchdog` thread in each worker process, from boot to shutdown."""
 
+    thread_name = "estafeta-saga-watchdog"
+
     def __init__(self, runtime: Runtime, sagas: Sequence[Saga]) -> None:
+        super().__init__()
         self.runtime = runtime
         self.sagas = list(sagas)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
-        self._stop.clear()
-        watchdog = Watchdog(self.runtime, self.sagas)
-        self._thread = threading.Thread(target=watchdog.run, args=(self._stop,), name="estafeta-saga-watchdog")
-        self._thread.daemon = True
-        self._thread.start()
-
-    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+    def run(self, stop: threading.Event) -> None:
+        Watchdog(self.runtime, self.sagas).run(stop)
