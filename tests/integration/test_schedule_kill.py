@@ -129,4 +129,8 @@ def _assert_each_tick_once(conn: psycopg.Connection[Any], name: str, schedule: A
         late = [t for t, _, recorded in rows if recorded - t > timedelta(seconds=3)]
         assert len(late) >= 2, "the downtimes' ticks were fired late, after the restart"
     else:
-        assert state.missed >= 4, f"{name}: the downtimes' ticks were missed by the catch-up policy"
+        # Two downtimes of 3-4 s: under `none` every tick in them is missed (2 or more each);
+        # under `last` the latest fires after the restart, so 1 or more each (3 was seen on
+        # a loaded machine, where a restart's first pass came before the next tick).
+        least = 4 if name == "every_none" else 2
+        assert state.missed >= least, f"{name}: the downtimes' ticks were missed by the catch-up policy"
