@@ -7,6 +7,7 @@ figures are then noisy, and the load average it prints says so).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import platform
@@ -21,6 +22,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+
+
+def add_database_url(parser: argparse.ArgumentParser) -> None:
+    """``--database-url``: the PostgreSQL server the benchmark creates its scratch database on."""
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
+        help="a PostgreSQL server to create a scratch database on",
+    )
 
 
 def run_name() -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ from actors.order_saga import ORDER_SAGA
 from estafeta import Runtime, Settings
 from sql import sagas
 
-from .common import describe, machine, scratch_database
+from .common import add_database_url, describe, machine, scratch_database
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PAGE = 51
@@ -154,11 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="sagas in the table (default 1,000,000)")
     parser.add_argument("--repeat", type=int, default=9, help="reads of each page (default 9; the median is shown)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
-        help="a PostgreSQL server to create a scratch database on",
-    )
+    add_database_url(parser)
     args = parser.parse_args(argv)
     found = run(args)
     if args.json:

@@ -36,7 +36,7 @@ from psycopg.types.json import Jsonb
 
 from estafeta import Runtime, Settings
 
-from .common import describe, machine, scratch_database
+from .common import add_database_url, describe, machine, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the issue asks of a page with 1,000 sagas.
@@ -294,11 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sagas", type=int, default=1000, help="sagas in the database (default 1,000)")
     parser.add_argument("--repeat", type=int, default=5, help="loads of each page (default 5; the median is shown)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
-        help="a PostgreSQL server to create a scratch database on",
-    )
+    add_database_url(parser)
     args = parser.parse_args(argv)
     found = run(args)
     if args.json:

@@ -33,7 +33,7 @@ import psycopg
 from actors.app import app as order_system
 from estafeta import Runtime, Settings
 
-from .common import describe, machine, scratch_database
+from .common import add_database_url, describe, machine, scratch_database
 from .cpu import process_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,11 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each mode (default 3)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
-        help="a PostgreSQL server to create a scratch database on",
-    )
+    add_database_url(parser)
     args = parser.parse_args(argv)
     report = run(args)
     if args.json:

@@ -39,7 +39,7 @@ from estafeta._locks import HeldLock, PostgresLocks, RedisLocks
 from sql import migrate
 from sql.pool import Database
 
-from .common import describe, machine, redis_namespace, scratch_database
+from .common import add_database_url, describe, machine, redis_namespace, scratch_database
 
 SCHEMA = "lockbench"
 TIMEOUT_MS = 10_000
@@ -254,11 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.locks", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="duration of each run (default 2)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
-        help="a PostgreSQL server to create a scratch database on",
-    )
+    add_database_url(parser)
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/7"))
     args = parser.parse_args(argv)
     results = run(args)

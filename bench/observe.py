@@ -21,7 +21,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from .common import describe, machine, scratch_database
+from .common import add_database_url, describe, machine, scratch_database
 
 MODES = ("none", "api", "sdk")
 
@@ -144,11 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.observe", description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=2000, help="writes and deliveries per mode (default 2000)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
-        help="a PostgreSQL server to create a scratch database on",
-    )
+    add_database_url(parser)
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--dsn", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -52,7 +52,7 @@ from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings, build_relay
 
 from . import cpu, peers
-from .common import describe, machine, rabbitmq_vhost, reachable, redis_namespace, scratch_database
+from .common import add_database_url, describe, machine, rabbitmq_vhost, reachable, redis_namespace, scratch_database
 from .pg_activity import DatabaseWatch, database_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -432,11 +432,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--peer-jobs", type=int, default=5000, help="procrastinate and pgqueuer jobs (default 5000)")
     parser.add_argument("--peer-messages", type=int, default=20000, help="bare Dramatiq messages (default 20000)")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "host=127.0.0.1 port=5432 user=postgres dbname=test"),
-        help="a PostgreSQL server to create a scratch database on",
-    )
+    add_database_url(parser)
     parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
     parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/7"))
     return parser
