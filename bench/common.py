@@ -33,6 +33,17 @@ def add_database_url(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def stop(children: list[subprocess.Popen[Any]] | tuple[subprocess.Popen[Any], ...]) -> None:
+    """SIGTERM every child, then wait up to 30 s for each (SIGKILL past that)."""
+    for child in children:
+        child.terminate()
+    for child in children:
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
 def run_name() -> str:
     """A fresh name for this run's database, vhost and namespace."""
     return f"estafeta_bench_{uuid.uuid4().hex[:10]}"

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from . import cpu
-from .common import scratch_database
+from .common import scratch_database, stop
 
 if TYPE_CHECKING:
     from estafeta import Runtime
@@ -105,13 +105,7 @@ def executors(system_url: str, app_url: str, processes: int, concurrency: int) -
                 raise RuntimeError(f"a DBOS executor exited ({child.wait()}) before it listened to the queue")
         yield
     finally:
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(30)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        stop(children)
 
 
 def measure(runtime: Runtime, system_url: str, count: int) -> dict[str, Any]:

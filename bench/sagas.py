@@ -52,7 +52,16 @@ from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings, build_relay
 
 from . import cpu, peers
-from .common import add_database_url, describe, machine, rabbitmq_vhost, reachable, redis_namespace, scratch_database
+from .common import (
+    add_database_url,
+    describe,
+    machine,
+    rabbitmq_vhost,
+    reachable,
+    redis_namespace,
+    scratch_database,
+    stop,
+)
 from .pg_activity import DatabaseWatch, database_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,13 +129,7 @@ def process_harness(
     try:
         yield runtime
     finally:
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(30)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        stop(children)
         runtime.close()
 
 

@@ -32,7 +32,7 @@ from actors.pingpong import Ping
 from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings
 
-from .common import describe, machine, rabbitmq_vhost, scratch_database
+from .common import describe, machine, rabbitmq_vhost, scratch_database, stop
 from .sagas import _migrate, _wait
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,13 +157,7 @@ def profile(database_url: str, amqp_url: str, pings: int, seconds: float, sagas:
                     Path(os.environ["BENCH_PROFILE_RAW"]).write_text(raw)
                 return raw
         finally:
-            for child in (worker, relay):
-                child.terminate()
-            for child in (worker, relay):
-                try:
-                    child.wait(30)
-                except subprocess.TimeoutExpired:
-                    child.kill()
+            stop((worker, relay))
             runtime.close()
 
 
