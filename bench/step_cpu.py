@@ -3,7 +3,10 @@
 ``estafeta.deliver`` runs the ping step (or the order saga's charge step) ``--deliveries``
 times on one thread, as a worker thread does; the figures are the CPU time of this process
 and of its PostgreSQL backends (``/proc``) per delivery, so a busy machine changes them
-little. ``--profile`` prints cProfile's top functions by own time instead.
+little. Each round runs the deliveries twice, alternated: as the StubBroker, Redis and
+Kafka hand them over (every delivery counted in its own transaction first) and as RabbitMQ
+hands over a first delivery (its ``redelivered`` flag clear: not counted).
+``--profile`` prints cProfile's top functions by own time instead.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import os
 import pstats
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import dramatiq
 import psycopg
+from dramatiq.broker import MessageProxy
 
 from actors.app import app
 from actors.pingpong import Ping
@@ -37,6 +42,21 @@ def _message() -> dramatiq.Message[Any]:
     )
 
 
+class _FirstDelivery(MessageProxy):
+    """A message as Dramatiq's RabbitMQ consumer hands over its first delivery."""
+
+    def __init__(self, message: dramatiq.Message[Any]) -> None:
+        super().__init__(message)
+        self.redelivered = False
+
+
+#: How each variant's messages are handed to the step.
+VARIANTS: dict[str, Callable[[dramatiq.Message[Any]], Any]] = {
+    "counted": lambda message: message,
+    "first delivery (RabbitMQ)": _FirstDelivery,
+}
+
+
 def measure(deliveries: int, profile: bool, rounds: int) -> None:
     def prepare(dsn: str) -> None:
         runtime = Runtime(Settings(database_url=dsn))
@@ -48,7 +68,7 @@ def measure(deliveries: int, profile: bool, rounds: int) -> None:
         spec = app.steps["pingpong.ping"]
         for _ in range(20):  # connected, statements prepared
             deliver(spec, runtime, _message())
-        messages = [_message() for _ in range(deliveries * rounds)]
+        messages = [_message() for _ in range(deliveries * rounds * len(VARIANTS))]
         backends = [
             int(r[0])
             for r in probe.execute(
@@ -64,18 +84,23 @@ def measure(deliveries: int, profile: bool, rounds: int) -> None:
             pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
             runtime.close()
             return
-        for n in range(rounds):
-            client, server, began = process_cpu(os.getpid()), sum(process_cpu(p) for p in backends), time.perf_counter()
-            for message in messages[n * deliveries : (n + 1) * deliveries]:
-                deliver(spec, runtime, message)
-            wall = time.perf_counter() - began
-            client = (process_cpu(os.getpid()) - client) * 1e6 / deliveries
-            server = (sum(process_cpu(p) for p in backends) - server) * 1e6 / deliveries
-            print(
-                f"ping step: client {client:.0f} us CPU, server {server:.0f} us CPU, {client + server:.0f} in all,"
-                f" {wall * 1e6 / deliveries:.0f} us wall per delivery; load {os.getloadavg()[0]:.2f}",
-                flush=True,
-            )
+        batches = iter(messages[n : n + deliveries] for n in range(0, len(messages), deliveries))
+        for _ in range(rounds):
+            for variant, hand_over in VARIANTS.items():
+                batch = next(batches)
+                client, server = process_cpu(os.getpid()), sum(process_cpu(p) for p in backends)
+                began = time.perf_counter()
+                for message in batch:
+                    deliver(spec, runtime, hand_over(message))
+                wall = time.perf_counter() - began
+                client = (process_cpu(os.getpid()) - client) * 1e6 / deliveries
+                server = (sum(process_cpu(p) for p in backends) - server) * 1e6 / deliveries
+                print(
+                    f"ping step, {variant}: client {client:.0f} us CPU, server {server:.0f} us CPU,"
+                    f" {client + server:.0f} in all, {wall * 1e6 / deliveries:.0f} us wall per delivery;"
+                    f" load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
         runtime.close()
 
 

@@ -8,8 +8,10 @@ the answers one at a time. So the statements before it go in one pipeline
 (:func:`committing`): a step without a lock or a reply of its own costs the round trips of
 its work plus two. What the guarantees need is unchanged: the attempt is counted in a
 transaction committed before the work (asynchronously: see ``count_attempt`` in
-``sql/queries.sql``), and the inbox record, the work, the outbox rows and the answer commit
-together, durably, before the message is acknowledged.
+``sql/queries.sql``) unless the broker says the message reached no consumer before (a first
+delivery on RabbitMQ: the redelivery after a kill counts it), and the inbox record, the
+work, the outbox rows and the answer commit together, durably, before the message is
+acknowledged.
 
 A duplicate is answered by the first pipeline without waiting for the step's lock: the
 PostgreSQL lock is part of the inbox record's statement and taken only for a new message
@@ -56,6 +58,8 @@ def begin(
     *,
     lock_timeout_ms: int,
     wake_after_commit: bool = False,
+    first_delivery: bool = False,
+    earlier_deliveries: int = 0,
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
@@ -70,27 +74,44 @@ def begin(
     count itself gave up waiting. ``wake_after_commit``: the transaction sends no NOTIFY
     (``estafeta.wakeup = 'after-commit'``, see ``estafeta._wakeups``); the caller wakes the
     relays and projectors once it has committed.
+
+    ``first_delivery``: the broker says no consumer has had this copy of the message before
+    (RabbitMQ's ``redelivered`` flag is clear), so the delivery is not counted: its
+    transaction, a row written and deleted, are skipped. Should it kill its worker, RabbitMQ
+    hands it on marked redelivered, and that delivery is counted and reports one more: the
+    first. ``earlier_deliveries``: copies of the message delivered before this one that were
+    not counted (Dramatiq's retries re-enqueue a copy, which is a first delivery again); added
+    to the count returned.
     """
     with conn.pipeline():
         if conn.autocommit:
             conn.execute("BEGIN")
-        counted = conn.execute(
-            query("count_attempt", schema), inbox.attempt_params(consumer, message_id, lock_timeout_ms)
-        )
-        conn.execute("COMMIT")
-        conn.execute("BEGIN")
+        if first_delivery:
+            counted = None
+        else:
+            counted = conn.execute(
+                query("count_attempt", schema), inbox.attempt_params(consumer, message_id, lock_timeout_ms)
+            )
+            conn.execute("COMMIT")
+            conn.execute("BEGIN")
         if wake_after_commit:
             conn.execute("SELECT set_config('estafeta.wakeup', 'after-commit', true)")
-        if lock_key is None:
+        if lock_key is None and first_delivery:
+            recorded = inbox.record_first_delivery(conn, schema, consumer, message_id, lock_timeout_ms=lock_timeout_ms)
+        elif lock_key is None:
             recorded = inbox.record_forgetting_attempts(conn, schema, consumer, message_id)
         else:
             recorded = inbox.record_and_lock(
                 conn, schema, consumer, message_id, lock_key, lock_timeout_ms=lock_timeout_ms
             )
         conn.execute(f"SAVEPOINT {SAVEPOINT}")
-    row = counted.fetchone()
-    assert row is not None
-    return Opened(attempts=int(row[0]), first=recorded.rowcount == 1)
+    if counted is None:
+        attempts = 1
+    else:
+        row = counted.fetchone()
+        assert row is not None
+        attempts = int(row[0])
+    return Opened(attempts=attempts + earlier_deliveries, first=recorded.rowcount == 1)
 
 
 def roll_back_work(conn: psycopg.Connection[Any]) -> None:

@@ -289,7 +289,7 @@ def _run(
         translate_errors(database.description),
         step_tx.rolled_back_on_error(conn),
     ):
-        opened = _begin(spec, runtime, conn, message_id, command, in_transaction_lock)
+        opened = _begin(spec, runtime, conn, message_id, command, in_transaction_lock, _uncounted(message))
         seen.attempt = opened.attempts
         if opened.attempts > runtime.settings.max_deliveries:
             raise _Overdelivered(opened.attempts)
@@ -350,11 +350,15 @@ def _begin(
     message_id: uuid.UUID,
     command: Any,
     in_transaction_lock: bool,
+    uncounted: tuple[bool, int],
 ) -> step_tx.Opened:
     """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
 
     A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
+    ``uncounted``: whether this delivery need not be counted, and how many before it were not
+    (:func:`_uncounted`).
     """
+    first_delivery, earlier = uncounted
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
         return step_tx.begin(
@@ -365,6 +369,8 @@ def _begin(
             None,
             lock_timeout_ms=timeout_ms,
             wake_after_commit=runtime.wakes_after_commit,
+            first_delivery=first_delivery,
+            earlier_deliveries=earlier,
         )
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
@@ -378,6 +384,8 @@ def _begin(
             key,
             lock_timeout_ms=runtime.locks.timeout_ms,
             wake_after_commit=runtime.wakes_after_commit,
+            first_delivery=first_delivery,
+            earlier_deliveries=earlier,
         )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
@@ -386,6 +394,26 @@ def _begin(
         # The wait includes the pipeline's other statements: a round trip, next to any real wait.
         metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
     return opened
+
+
+def _uncounted(message: dramatiq.Message[Any]) -> tuple[bool, int]:
+    """Whether this delivery of ``message`` can go uncounted, and how many deliveries before it were.
+
+    A delivery is counted so that a message which keeps killing its worker is parked (the
+    count commits before the work). A broker that marks redeliveries (RabbitMQ's
+    ``redelivered`` flag, which Dramatiq's consumer keeps on the message it hands over) says
+    when a copy reaches its first consumer: nothing can have died of it yet, so that delivery
+    is not counted, and the redelivery that follows a kill counts it. Each of Dramatiq's
+    retries is a new copy whose first delivery goes uncounted too, so the deliveries before
+    this one that no count holds are the copy's retries, and its own first delivery if this
+    is a redelivery. Brokers that do not mark redeliveries (Redis, Kafka, the StubBroker) count
+    every delivery.
+    """
+    redelivered = getattr(message, "redelivered", None)
+    if not isinstance(redelivered, bool):
+        return False, 0
+    retries = int(message.options.get("retries", 0))
+    return not redelivered, retries + int(redelivered)
 
 
 def _take_lock(

@@ -67,6 +67,21 @@ def record_forgetting_attempts(
     )
 
 
+def record_first_delivery(
+    conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID, *, lock_timeout_ms: int
+) -> psycopg.Cursor[Any]:
+    """:func:`record_forgetting_attempts` for an uncounted delivery: the insert waits at most ``lock_timeout_ms``.
+
+    It waits only for a delivery of the same message still in its transaction (whose outcome
+    decides whether this one is a duplicate), as the count would have; ``lock_timeout`` is set
+    back for the rest of the transaction. The cursor's rowcount is 1 unless a duplicate (in
+    pipeline mode, once the pipeline has synced).
+    """
+    return conn.execute(
+        query("record_inbox_first_delivery", schema), attempt_params(consumer, message_id, lock_timeout_ms)
+    )
+
+
 def record_and_lock(
     conn: psycopg.Connection[Any],
     schema: str,

@@ -293,6 +293,26 @@ INSERT INTO {schema}.inbox (consumer, message_id)
 VALUES (%(consumer)s, %(message_id)s)
 ON CONFLICT DO NOTHING
 
+-- record_inbox_first_delivery --
+-- record_inbox_forgetting_attempts for a delivery that was not counted (a first delivery
+-- on RabbitMQ, see estafeta._steps._uncounted): the count's statement was what waited for a
+-- delivery of the same message still in flight, at most lock_timeout, so this one does:
+-- lock_timeout is set for the insert only, and set back once it has its row (a row comes
+-- back for a new message, none for a duplicate, whose transaction ends at once).
+WITH settings AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', %(lock_timeout)s, true)
+),
+forgotten AS (
+    DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+),
+recorded AS (
+    INSERT INTO {schema}.inbox (consumer, message_id)
+    SELECT %(consumer)s, %(message_id)s FROM settings
+    ON CONFLICT DO NOTHING
+    RETURNING message_id
+)
+SELECT set_config('lock_timeout', settings.previous, true) FROM settings, recorded
+
 -- record_inbox_and_lock --
 -- record_inbox_forgetting_attempts, and the step's PostgreSQL lock taken for a first
 -- delivery only, in one statement: a row comes back if the message is new (and the lock

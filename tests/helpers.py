@@ -11,8 +11,22 @@ from typing import Any
 
 import dramatiq
 import psycopg
+from dramatiq.broker import MessageProxy
 
 from estafeta import to_json
+
+
+class RabbitmqDelivery(MessageProxy):
+    """A message as Dramatiq's RabbitMQ consumer hands it to the actor: with the delivery's ``redelivered`` flag."""
+
+    def __init__(self, message: dramatiq.Message[Any], *, redelivered: bool) -> None:
+        super().__init__(message)
+        self.redelivered = redelivered
+
+
+def as_rabbitmq_delivers(message: dramatiq.Message[Any], *, redelivered: bool) -> RabbitmqDelivery:
+    """``message`` delivered by RabbitMQ, for the first time (``redelivered=False``) or again."""
+    return RabbitmqDelivery(message, redelivered=redelivered)
 
 
 def message_for(

@@ -24,7 +24,7 @@ import psycopg
 from estafeta import Runtime, deliver
 from sql.errors import LockNotAcquired
 
-from .helpers import message_for, scalar, wait_until
+from .helpers import as_rabbitmq_delivers, message_for, scalar, wait_until
 from .lock_steps import Charge, charges, open_account
 from .test_locks import CHARGE, holding, lock_runtime
 
@@ -147,6 +147,35 @@ def test_a_copy_waits_for_an_original_in_flight_at_most_the_lock_timeout_and_cou
         original.join(20)
         assert first == ["ok"]
         assert deliver(CHARGE, quick, message) == "duplicate"
+        effect_once(conn)
+        assert attempts_recorded(conn) == 0
+    finally:
+        slow.close()
+        quick.close()
+
+
+def test_a_first_delivery_on_rabbitmq_waits_for_a_copy_in_flight_at_most_the_lock_timeout_and_counts_nothing(
+    runtime: Runtime, lock_tables: str, lock_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Two copies of one message (a relay that published it twice), each a first delivery on
+    # RabbitMQ: neither is counted, and the inbox insert that replaces the count's wait is
+    # bounded by the lock timeout just the same.
+    slow = lock_runtime(lock_tables, lock_url, lock_timeout_ms=20_000)
+    quick = lock_runtime(lock_tables, lock_url, lock_timeout_ms=200)
+    order_id = uuid.uuid4()
+    open_account(conn, order_id)
+    message = message_for(CHARGE.actor_name, Charge(order_id))
+    try:
+        with account_row_locked(lock_tables, order_id):
+            original = in_thread(lambda: deliver(CHARGE, slow, as_rabbitmq_delivers(message, redelivered=False)))
+            wait_until(lambda: lock_waiters(conn) == 1, what="the original delivery to block inside its step")
+            copy, second = in_thread(lambda: deliver(CHARGE, quick, as_rabbitmq_delivers(message, redelivered=False)))
+            wait_until(lambda: not copy.is_alive(), timeout=10, what="the copy to give up waiting for the original")
+            assert len(second) == 1 and isinstance(second[0], LockNotAcquired)
+            assert attempts_recorded(conn) == 0
+        original[0].join(20)
+        assert original[1] == ["ok"]
+        assert deliver(CHARGE, quick, as_rabbitmq_delivers(message, redelivered=False)) == "duplicate"
         effect_once(conn)
         assert attempts_recorded(conn) == 0
     finally:

@@ -7,6 +7,7 @@ import threading
 import uuid
 from pathlib import Path
 
+import attrs
 import pytest
 
 from actors.pingpong import Ping
@@ -14,7 +15,7 @@ from estafeta import Runtime, deliver
 from sql import inbox
 from tests.app import STEPS
 
-from .helpers import message_for, now, scalar, wait_until
+from .helpers import as_rabbitmq_delivers, message_for, now, scalar, wait_until
 from .integration import processes
 from .probe import SERVICE as probe
 from .steps import ATTEMPTS, SENT, Crash, Explode, Refuse, SendThree
@@ -67,6 +68,42 @@ def test_duplicate_delivery_changes_nothing(runtime: Runtime, conn) -> None:
     assert scalar(conn, "SELECT count(*) FROM pingpong.pings") == 1
     assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 1
     assert scalar(conn, "SELECT count(*) FROM pingpong.inbox_attempts") == 0
+
+
+def test_a_first_delivery_on_rabbitmq_is_not_counted_and_a_message_that_keeps_dying_is_still_parked(
+    runtime: Runtime, conn
+) -> None:
+    # RabbitMQ marks a message delivered before: its first delivery costs no count (nothing
+    # can have died of it yet); each redelivery counts, including the first it follows.
+    # With ESTAFETA_MAX_DELIVERIES=2 the third delivery is parked without running, as when
+    # every delivery is counted. (Deliveries raising stand in for the kills of the heavy test.)
+    limited = Runtime(attrs.evolve(runtime.settings, max_deliveries=2))
+    ping_id = uuid.uuid4()
+    message = message_for("probe.test_explode", Explode(ping_id))
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            deliver(EXPLODE, limited, as_rabbitmq_delivers(message, redelivered=False))
+        assert scalar(conn, "SELECT count(*) FROM probe.inbox_attempts") == 0
+        with pytest.raises(RuntimeError, match="boom"):
+            deliver(EXPLODE, limited, as_rabbitmq_delivers(message, redelivered=True))
+        assert scalar(conn, "SELECT attempts FROM probe.inbox_attempts") == 1
+        assert ATTEMPTS[ping_id] == 2
+        assert deliver(EXPLODE, limited, as_rabbitmq_delivers(message, redelivered=True)) == "dead_lettered"
+        assert ATTEMPTS[ping_id] == 2  # parked without running
+        (letter,) = inbox.list_dead_letters(conn, "probe")
+        assert "delivered 3 times without finishing" in letter["reason"]
+    finally:
+        limited.close()
+
+
+def test_a_retried_copy_on_rabbitmq_counts_the_copies_before_it(runtime: Runtime, conn) -> None:
+    # Each of Dramatiq's retries is a new copy, first-delivered (uncounted) again: the last
+    # one's dead letter still says how many deliveries there were in all.
+    ping_id = uuid.uuid4()
+    last = message_for("probe.test_explode", Explode(ping_id), retries=3)  # max_retries=3 in the tests
+    assert deliver(EXPLODE, runtime, as_rabbitmq_delivers(last, redelivered=False)) == "dead_lettered"
+    (letter,) = inbox.list_dead_letters(conn, "probe")
+    assert "failed 4 times" in letter["reason"] and "boom" in letter["reason"]
 
 
 def test_concurrent_duplicates_take_effect_once(runtime: Runtime, conn) -> None:
@@ -181,8 +218,10 @@ def test_message_that_keeps_killing_its_worker_is_parked(
                     # saying so can be lost: its log watcher stops before draining its pipe).
                     assert workers.popen.returncode == 1
                     killed += 1
-                    # Counted before the work started: the count survives the killed worker.
-                    assert scalar(conn, "SELECT attempts FROM probe.inbox_attempts") == killed
+                    # A redelivery is counted before its work starts, and the count survives
+                    # the killed worker; the first delivery (not marked redelivered by
+                    # RabbitMQ) is not counted, the redelivery after it counts it.
+                    assert (scalar(conn, "SELECT attempts FROM probe.inbox_attempts") or 0) == killed - 1
             assert killed <= 2, "the message was not parked after ESTAFETA_MAX_DELIVERIES"
     assert killed == 2
     (letter,) = inbox.list_dead_letters(conn, "probe")
