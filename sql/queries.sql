@@ -134,9 +134,10 @@ ORDER BY o.id
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED
 
--- window_full --
--- Whether at least %(window)s rows are due: claim_heads saw only part of them.
-SELECT count(*) >= %(window)s
+-- due_in_window --
+-- How many rows are due, counting at most %(window)s: as many means claim_heads saw only
+-- part of them.
+SELECT count(*)
 FROM (SELECT 1 FROM {schema}.outbox
       WHERE status = 'pending' AND available_at <= {schema}.clock_now()
       ORDER BY id
