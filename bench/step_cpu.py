@@ -76,10 +76,10 @@ def measure(deliveries: int, profile: bool, rounds: int) -> None:
             ).fetchall()
         ]
         if profile:
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.process_time)
             profiler.enable()
             for message in messages[:deliveries]:
-                deliver(spec, runtime, message)
+                deliver(spec, runtime, _FirstDelivery(message))
             profiler.disable()
             pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
             runtime.close()

@@ -58,7 +58,7 @@ def simple(conn: psycopg.Connection[Any], message_id: uuid.UUID, key: str) -> tu
         cur.mogrify(query("count_attempt", SCHEMA), params),
         "COMMIT",
         "BEGIN",
-        cur.mogrify(query("record_inbox_and_lock", SCHEMA), {**params, "key": key}),
+        cur.mogrify(query("record_inbox_and_lock", SCHEMA), {**params, "key": key, "wakeup": None}),
         f"SAVEPOINT {SAVEPOINT}",
     ]
     cur.execute("; ".join(statements))

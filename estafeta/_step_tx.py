@@ -94,15 +94,17 @@ def begin(
             )
             conn.execute("COMMIT")
             conn.execute("BEGIN")
-        if wake_after_commit:
-            conn.execute("SELECT set_config('estafeta.wakeup', 'after-commit', true)")
+        # The inbox record's statement sets the transaction's wake-up policy too.
+        wakeup = "after-commit" if wake_after_commit else None
         if lock_key is None and first_delivery:
-            recorded = inbox.record_first_delivery(conn, schema, consumer, message_id, lock_timeout_ms=lock_timeout_ms)
+            recorded = inbox.record_first_delivery(
+                conn, schema, consumer, message_id, lock_timeout_ms=lock_timeout_ms, wakeup=wakeup
+            )
         elif lock_key is None:
-            recorded = inbox.record_forgetting_attempts(conn, schema, consumer, message_id)
+            recorded = inbox.record_forgetting_attempts(conn, schema, consumer, message_id, wakeup=wakeup)
         else:
             recorded = inbox.record_and_lock(
-                conn, schema, consumer, message_id, lock_key, lock_timeout_ms=lock_timeout_ms
+                conn, schema, consumer, message_id, lock_key, lock_timeout_ms=lock_timeout_ms, wakeup=wakeup
             )
         conn.execute(f"SAVEPOINT {SAVEPOINT}")
     if counted is None:

@@ -56,19 +56,26 @@ def attempt_params(consumer: str, message_id: uuid.UUID, lock_timeout_ms: int | 
 
 
 def record_forgetting_attempts(
-    conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID
+    conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID, *, wakeup: str | None = None
 ) -> psycopg.Cursor[Any]:
     """:func:`record` and :func:`forget_attempts` in one statement; the cursor's rowcount is 1 unless a duplicate.
 
-    In pipeline mode the rowcount is known once the pipeline has synced.
+    ``wakeup``: the transaction's ``estafeta.wakeup`` (``None``: the session's), set by the
+    same statement (and so in the next two). In pipeline mode the rowcount is known once
+    the pipeline has synced.
     """
-    return conn.execute(
-        query("record_inbox_forgetting_attempts", schema), {"consumer": consumer, "message_id": message_id}
-    )
+    params = {"consumer": consumer, "message_id": message_id, "wakeup": wakeup}
+    return conn.execute(query("record_inbox_forgetting_attempts", schema), params)
 
 
 def record_first_delivery(
-    conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID, *, lock_timeout_ms: int
+    conn: psycopg.Connection[Any],
+    schema: str,
+    consumer: str,
+    message_id: uuid.UUID,
+    *,
+    lock_timeout_ms: int,
+    wakeup: str | None = None,
 ) -> psycopg.Cursor[Any]:
     """:func:`record_forgetting_attempts` for an uncounted delivery: the insert waits at most ``lock_timeout_ms``.
 
@@ -77,9 +84,8 @@ def record_first_delivery(
     back for the rest of the transaction. The cursor's rowcount is 1 unless a duplicate (in
     pipeline mode, once the pipeline has synced).
     """
-    return conn.execute(
-        query("record_inbox_first_delivery", schema), attempt_params(consumer, message_id, lock_timeout_ms)
-    )
+    params = {**attempt_params(consumer, message_id, lock_timeout_ms), "wakeup": wakeup}
+    return conn.execute(query("record_inbox_first_delivery", schema), params)
 
 
 def record_and_lock(
@@ -90,6 +96,7 @@ def record_and_lock(
     key: str,
     *,
     lock_timeout_ms: int,
+    wakeup: str | None = None,
 ) -> psycopg.Cursor[Any]:
     """:func:`record_forgetting_attempts`, then the advisory lock on ``key`` only if the record is new.
 
@@ -99,7 +106,7 @@ def record_and_lock(
     in flight and then for the lock (``LockNotAvailable``), and stays set for the rest of
     the transaction. In pipeline mode the rowcount is known once the pipeline has synced.
     """
-    params = {**attempt_params(consumer, message_id, lock_timeout_ms), "key": key}
+    params = {**attempt_params(consumer, message_id, lock_timeout_ms), "key": key, "wakeup": wakeup}
     return conn.execute(query("record_inbox_and_lock", schema), params)
 
 

@@ -287,11 +287,17 @@ RETURNING attempts
 -- record_inbox_forgetting_attempts --
 -- The step's inbox record, and its delivery count dropped in the same statement: both
 -- commit with the step's work, or neither (a rolled-back delivery keeps its count).
-WITH forgotten AS (
+-- Here and in the next two, the transaction's wake-up policy is set first
+-- (estafeta._wakeups: %(wakeup)s is 'after-commit', or NULL to leave the session's): one
+-- statement fewer in the step's first pipeline.
+WITH settings AS MATERIALIZED (
+    SELECT set_config('estafeta.wakeup', coalesce(%(wakeup)s::text, current_setting('estafeta.wakeup', true), ''), true)
+),
+forgotten AS (
     DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
 )
 INSERT INTO {schema}.inbox (consumer, message_id)
-VALUES (%(consumer)s, %(message_id)s)
+SELECT %(consumer)s, %(message_id)s FROM settings
 ON CONFLICT DO NOTHING
 
 -- record_inbox_first_delivery --
@@ -301,7 +307,8 @@ ON CONFLICT DO NOTHING
 -- lock_timeout is set for the insert only, and set back once it has its row (a row comes
 -- back for a new message, none for a duplicate, whose transaction ends at once).
 WITH settings AS MATERIALIZED (
-    SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', %(lock_timeout)s, true)
+    SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', %(lock_timeout)s, true),
+           set_config('estafeta.wakeup', coalesce(%(wakeup)s::text, current_setting('estafeta.wakeup', true), ''), true)
 ),
 forgotten AS (
     DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
@@ -322,7 +329,10 @@ SELECT set_config('lock_timeout', settings.previous, true) FROM settings, record
 -- bounds the wait on a delivery of the same message still in flight (its uncommitted
 -- inbox row) and then the lock's, and stays set for the step's own row locks. The lock is
 -- PostgresLocks.statement's (estafeta/_locks.py): the same hash of the same key.
-WITH settings AS MATERIALIZED (SELECT set_config('lock_timeout', %(lock_timeout)s, true)),
+WITH settings AS MATERIALIZED (
+    SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+           set_config('estafeta.wakeup', coalesce(%(wakeup)s::text, current_setting('estafeta.wakeup', true), ''), true)
+),
 forgotten AS (
     DELETE FROM {schema}.inbox_attempts WHERE consumer = %(consumer)s AND message_id = %(message_id)s
 ),

@@ -15,6 +15,7 @@ from estafeta import Runtime, deliver
 from sql import inbox
 from tests.app import STEPS
 
+from .events.test_wakeups import Heard
 from .helpers import as_rabbitmq_delivers, message_for, now, scalar, wait_until
 from .integration import processes
 from .probe import SERVICE as probe
@@ -104,6 +105,33 @@ def test_a_retried_copy_on_rabbitmq_counts_the_copies_before_it(runtime: Runtime
     assert deliver(EXPLODE, runtime, as_rabbitmq_delivers(last, redelivered=False)) == "dead_lettered"
     (letter,) = inbox.list_dead_letters(conn, "probe")
     assert "failed 4 times" in letter["reason"] and "boom" in letter["reason"]
+
+
+@pytest.mark.parametrize(
+    "handed", ["counted", "first delivery", "redelivered", "duplicate"], ids=lambda h: h.replace(" ", "-")
+)
+def test_under_after_commit_a_step_s_own_transaction_notifies_nothing(runtime: Runtime, conn, handed: str) -> None:
+    # The inbox record's statement sets the transaction's wake-up policy, whichever variant
+    # of it runs: the step's outbox insert is silent, the waker's connection wakes the relay.
+    woken = Runtime(attrs.evolve(runtime.settings, wakeup="after-commit"))
+    message = message_for("pingpong.ping", Ping(uuid.uuid4(), now()))
+    if handed == "duplicate":
+        assert deliver(PING, woken, message) == "ok"
+    heard = Heard(runtime.settings.database_url)
+    try:
+        if handed in ("first delivery", "redelivered"):
+            outcome = deliver(PING, woken, as_rabbitmq_delivers(message, redelivered=handed == "redelivered"))
+        else:
+            outcome = deliver(PING, woken, message)
+        assert outcome == ("duplicate" if handed == "duplicate" else "ok")
+        if handed != "duplicate":
+            wait_until(lambda: heard.senders("estafeta_outbox"), timeout=5, what="the relay's wake-up")
+            assert heard.senders("estafeta_outbox") == {"estafeta-waker"}
+    finally:
+        heard.stop()
+        woken.close()
+    if handed == "duplicate":
+        assert heard.notes == []
 
 
 def test_concurrent_duplicates_take_effect_once(runtime: Runtime, conn) -> None:
