@@ -117,26 +117,28 @@ def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[
     # crash only means those rows are published again, and their receivers' inboxes absorb
     # the copies. Both settings end with the transaction.
     #
-    # The settings, the heads and how many rows are due go in one round trip (with the
-    # caller's BEGIN, if it pipelines: brokers.relay does).
+    # The settings, the heads and how many rows are due (counting one past a full batch) go
+    # in one round trip (with the caller's BEGIN, if it pipelines: brokers.relay does).
     window = max(4 * limit, 1000)
     with conn.cursor(row_factory=dict_row) as claimed:
         with conn.pipeline():
             conn.execute("SELECT set_config('enable_sort', 'off', true), set_config('synchronous_commit', 'off', true)")
             claimed.execute(query("claim_heads", schema), {"limit": limit, "window": window})
-            counted = conn.execute(query("due_in_window", schema), {"window": window})
+            counted = conn.execute(query("due_in_window", schema), {"window": limit + 1})
         heads = [OutboxRow.from_row(row) for row in claimed.fetchall()]
-    due_row = counted.fetchone()
-    due = int(due_row[0]) if due_row is not None else 0
     if len(heads) >= limit:
         return heads
+    # Every due row a head this claim holds: no key has a row to follow its head, and none
+    # is hidden past the window. (The count comes after the claim: a row committed or held
+    # by another relay in between only sends this claim the long way; a follower due at the
+    # claim is still there, counted.)
+    due = _count(counted)
+    if due == len(heads):
+        return heads
     # A window full of rows that cannot go now (a blocked key's backlog, rows other relays
-    # hold) may hide heads of other keys past it.
-    hidden = due >= window
-    # Every due row a head this claim holds: no key has a row to follow its head. (The count
-    # comes after the claim: a row committed or held by another relay in between only sends
-    # this claim the long way; a follower due at the claim is still there, counted.)
-    if not hidden and (due == len(heads) or all(row.ordering_key is None for row in heads)):
+    # hold) may hide heads of other keys past it; fewer due rows than a batch fill none.
+    hidden = due > limit and _count(conn.execute(query("due_in_window", schema), {"window": window})) >= window
+    if not hidden and all(row.ordering_key is None for row in heads):
         return heads
     # The next queries sort a few candidates; without sorting, the planner would walk the
     # whole outbox in id order to avoid that.
@@ -168,6 +170,11 @@ def _with_followers(
             held = _held_back(conn, schema, followers, claimed + followers)
             claimed += [row for row in followers if row.id not in held]
     return sorted(claimed, key=lambda row: row.id)
+
+
+def _count(cursor: psycopg.Cursor[Any]) -> int:
+    row = cursor.fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 def _claim(conn: psycopg.Connection[Any], name: str, schema: str, params: dict[str, Any]) -> list[OutboxRow]:
