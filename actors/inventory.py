@@ -71,8 +71,7 @@ def reserve_stock(ctx: StepContext, command: ReserveStock) -> dict[str, Any]:
     ).rowcount
     if not taken:
         _refuse(ctx, command, _why_not(conn, command))
-    # Needs no answer: it rides with the commit.
-    ctx.execute_with_commit(
+    conn.execute(
         """INSERT INTO inventory.reservations (order_id, sku, quantity, status, saga_id)
            VALUES (%s, %s, %s, 'reserved', %s)""",
         (command.order_id, command.sku, command.quantity, ctx.saga_id),

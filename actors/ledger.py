@@ -169,18 +169,14 @@ def project(conn: psycopg.Connection[Any], account: Account) -> None:
     stream's row lock to the commit, so the projection's row is written in the ledger's order
     and always equals the replay. A closed account has no row (as before the ledger).
     """
-    conn.execute(*projection_write(account))
-
-
-def projection_write(account: Account) -> tuple[str, tuple[Any, ...]]:
-    """The statement :func:`project` runs (a step sends it with its commit: ``ctx.execute_with_commit``)."""
     if account.is_open:
-        return (
+        conn.execute(
             """INSERT INTO payments.accounts (customer_id, balance_cents) VALUES (%s, %s)
                ON CONFLICT (customer_id) DO UPDATE SET balance_cents = excluded.balance_cents, updated_at = now()""",
             (account.customer_id, account.balance_cents),
         )
-    return "DELETE FROM payments.accounts WHERE customer_id = %s", (account.customer_id,)
+    else:
+        conn.execute("DELETE FROM payments.accounts WHERE customer_id = %s", (account.customer_id,))
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ import psycopg
 
 from estafeta import BusinessFailure, ConcurrencyConflict, Repository, Service, StepContext
 
-from .ledger import EVENTS, Account, AccountGone, LedgerRefusal, project, projection_write, stream_of
+from .ledger import EVENTS, Account, AccountGone, LedgerRefusal, project, stream_of
 from .migrations import MIGRATIONS
 
 SERVICE = Service("payments", migrations=MIGRATIONS / "payments")
@@ -97,10 +97,9 @@ def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
     except LedgerRefusal as refusal:
         _refuse(ctx, command, str(refusal))
     ctx.events.save(account)
-    # The last two writes need no answer: they ride with the commit (no round trip of their own).
-    ctx.execute_with_commit(*projection_write(account))
+    project(conn, account)
     payment_id = uuid.uuid4()
-    ctx.execute_with_commit(
+    conn.execute(
         """INSERT INTO payments.payments (payment_id, order_id, customer_id, amount_cents, status, saga_id)
            VALUES (%s, %s, %s, %s, 'charged', %s)""",
         (payment_id, command.order_id, command.customer_id, command.amount_cents, ctx.saga_id),

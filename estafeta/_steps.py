@@ -23,7 +23,7 @@ import dramatiq
 import psycopg
 from dramatiq.middleware import CurrentMessage
 
-from sql import inbox, plan
+from sql import inbox
 from sql.errors import LockNotAcquired
 from sql.pool import Database, translate_errors
 
@@ -132,18 +132,6 @@ class StepContext:
         )
         return StepEvents(self.conn, self.event_store, metadata)
 
-    def execute_with_commit(self, query: Any, params: Any = None) -> None:
-        """Execute ``query`` (a write whose result the step does not read) with the step's commit.
-
-        It rides in the commit's pipeline, after the writes the step made itself and with its
-        outbox rows, in the order asked: no round trip of its own. An error it meets fails the
-        commit, and the delivery is retried like any other error (not refused); SQL of the
-        step's own does not see its effect before the commit; a refusal drops it with the rest
-        of the step's work. Use it for the last writes of a step (a row recording what it did,
-        a projection's row).
-        """
-        outbox.write_or_hold(self.conn, _unread(plan.Statement(query, params)))
-
     def send(self, command: Any, **kwargs: Any) -> uuid.UUID:
         """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
         kwargs.setdefault("saga_id", self.saga_id)
@@ -155,10 +143,6 @@ class StepContext:
         kwargs.setdefault("saga_id", self.saga_id)
         kwargs.setdefault("traceparent", self.options.get("traceparent"))
         return outbox.publish(self.conn, event, service=self.service, router=self.router, **kwargs)
-
-
-def _unread(statement: plan.Statement) -> plan.Plan[None]:
-    yield statement
 
 
 def declare_actors(

@@ -51,27 +51,6 @@ def send_three(ctx: StepContext, command: SendThree) -> None:
     SENT[command.ping_id] = {"sent": sent, "seen": [r[0] for r in rows]}
 
 
-@attrs.frozen
-class RecordWithCommit:
-    """Record a ping with the commit (``ctx.execute_with_commit``), read the table back, then refuse if told."""
-
-    ping_id: uuid.UUID
-    refuse: bool = False
-
-
-#: What ``probe.test_record_with_commit`` counted in ``probe.pings`` before its commit, per ping id.
-SEEN_BEFORE_COMMIT: dict[uuid.UUID, int] = {}
-
-
-@SERVICE.step(RecordWithCommit, name="test_record_with_commit")
-def record_with_commit(ctx: StepContext, command: RecordWithCommit) -> None:
-    ctx.execute_with_commit("INSERT INTO probe.pings (ping_id, sent_at) VALUES (%s, now())", (command.ping_id,))
-    row = ctx.conn.execute("SELECT count(*) FROM probe.pings WHERE ping_id = %s", (command.ping_id,)).fetchone()
-    SEEN_BEFORE_COMMIT[command.ping_id] = int(row[0]) if row else -1
-    if command.refuse:
-        raise BusinessFailure("refused after recording")
-
-
 #: Attempts per ping id of ``probe.test_explode``.
 ATTEMPTS: Counter[uuid.UUID] = Counter()
 _attempts_lock = threading.Lock()

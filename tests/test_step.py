@@ -6,7 +6,6 @@ import functools
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
@@ -20,13 +19,12 @@ from .events.test_wakeups import Heard
 from .helpers import as_rabbitmq_delivers, message_for, now, scalar, wait_until
 from .integration import processes
 from .probe import SERVICE as probe
-from .steps import ATTEMPTS, SEEN_BEFORE_COMMIT, SENT, Crash, Explode, RecordWithCommit, Refuse, SendThree
+from .steps import ATTEMPTS, SENT, Crash, Explode, Refuse, SendThree
 
 PING = STEPS["pingpong.ping"]
 EXPLODE = STEPS["probe.test_explode"]
 REFUSE = STEPS["probe.test_refuse"]
 SEND_THREE = STEPS["probe.test_send_three"]
-RECORD_WITH_COMMIT = STEPS["probe.test_record_with_commit"]
 
 
 def test_a_step_s_sends_commit_in_the_order_sent_and_a_cancel_in_the_same_step_finds_its_message(
@@ -39,34 +37,6 @@ def test_a_step_s_sends_commit_in_the_order_sent_and_a_cancel_in_the_same_step_f
     assert SENT[ping_id]["seen"] == [first, third]
     rows = conn.execute("SELECT message_id FROM probe.outbox ORDER BY id").fetchall()
     assert [r[0] for r in rows] == [first, third]
-
-
-def test_a_write_with_the_commit_lands_with_it_is_dropped_by_a_refusal_and_fails_the_commit(
-    runtime: Runtime, conn
-) -> None:
-    def pings(ping_id: uuid.UUID) -> int:
-        return int(scalar(conn, "SELECT count(*) FROM probe.pings WHERE ping_id = %s", ping_id))
-
-    def inboxed(message: Any) -> int:
-        return int(scalar(conn, "SELECT count(*) FROM probe.inbox WHERE message_id = %s", message.message_id))
-
-    done = RecordWithCommit(uuid.uuid4())
-    assert deliver(RECORD_WITH_COMMIT, runtime, message_for(RECORD_WITH_COMMIT.actor_name, done)) == "ok"
-    assert SEEN_BEFORE_COMMIT[done.ping_id] == 0  # held until the commit
-    assert pings(done.ping_id) == 1
-
-    refused = RecordWithCommit(uuid.uuid4(), refuse=True)
-    assert deliver(RECORD_WITH_COMMIT, runtime, message_for(RECORD_WITH_COMMIT.actor_name, refused)) == "failed"
-    assert pings(refused.ping_id) == 0
-
-    # The held write meets an error at the commit (the ping is there already): nothing of the
-    # delivery commits, its inbox record neither, and Dramatiq retries it.
-    clash = RecordWithCommit(uuid.uuid4())
-    conn.execute("INSERT INTO probe.pings (ping_id, sent_at) VALUES (%s, now())", (clash.ping_id,))
-    message = message_for(RECORD_WITH_COMMIT.actor_name, clash)
-    with pytest.raises(Exception, match="duplicate key"):
-        deliver(RECORD_WITH_COMMIT, runtime, message)
-    assert pings(clash.ping_id) == 1 and inboxed(message) == 0
 
 
 def test_change_and_outgoing_message_commit_together(runtime: Runtime, conn) -> None:
