@@ -215,5 +215,4 @@ def record_transition(conn: psycopg.Connection[Any], transition: SagaTransition)
     found = events_for(transition)
     if found:
         metadata = EventMetadata(correlation_id=str(transition.saga_id))
-        # Nothing reads the result: in the reply step the insert rides with its commit.
-        STORE.append_with_commit(conn, stream_id(transition.key), found, metadata=metadata)
+        STORE.append(conn, stream_id(transition.key), found, metadata=metadata)

@@ -22,7 +22,6 @@ import psycopg.errors
 from sql import event_store, plan
 from sql.errors import EstafetaError
 
-from . import _outbox as outbox
 from ._event_types import (
     EventDecodeError,
     EventRegistry,
@@ -196,9 +195,11 @@ class EventStore:
     ) -> plan.Plan[list[RecordedEvent[Any]]]:
         """:meth:`append` as a plan, for any driver (``estafeta.aio`` runs it on an async connection)."""
         meta = (metadata or EventMetadata()).to_json()
-        rows = self._new_events(events, metadata)
+        encoded = [self.registry.encode(event) for event in events]
+        rows = [event_store.NewEvent(uuid.uuid4(), t.name, t.version, data, meta) for t, data in encoded]
         expected = _expected_number(expected_version)
-        statement = self._append_statement(stream_id, rows, expected=expected, stream_type=stream_type)
+        kind = stream_type or stream_id.split("-", 1)[0]
+        statement = event_store.append_statement(self.schema, stream_id, rows, expected=expected, stream_type=kind)
         with _translate_conflicts(stream_id):
             appended = event_store.appended((yield statement))
         if appended is None:
@@ -219,39 +220,6 @@ class EventStore:
             )
             for event, row, a in zip(events, rows, appended, strict=True)
         ]
-
-    def append_with_commit(
-        self,
-        conn: psycopg.Connection[Any],
-        stream_id: str,
-        events: Sequence[Any],
-        *,
-        stream_type: str | None = None,
-        metadata: EventMetadata | None = None,
-    ) -> None:
-        """Append ``events`` at whatever version ``stream_id`` is at, without waiting for the answer.
-
-        :meth:`append` with ``expected_version=ANY`` whose result is not needed. In a step's
-        transaction (or a saga's, for its ``on_transition`` hook) the insert rides with the
-        commit, as the step's outbox rows do: one round trip fewer, and an error (the stream's
-        lock timing out) fails the commit instead of this call; SQL of the step's own reading
-        the stream before the commit does not see these events. Anywhere else it runs now.
-        """
-        statement = self._append_statement(
-            stream_id, self._new_events(events, metadata), expected=None, stream_type=stream_type
-        )
-        outbox.write_or_hold(conn, _unread(attrs.evolve(statement, fetch=plan.Fetch.NOTHING)))
-
-    def _new_events(self, events: Sequence[Any], metadata: EventMetadata | None) -> list[event_store.NewEvent]:
-        meta = (metadata or EventMetadata()).to_json()
-        encoded = [self.registry.encode(event) for event in events]
-        return [event_store.NewEvent(uuid.uuid4(), t.name, t.version, data, meta) for t, data in encoded]
-
-    def _append_statement(
-        self, stream_id: str, rows: Sequence[event_store.NewEvent], *, expected: int | None, stream_type: str | None
-    ) -> plan.Statement:
-        kind = stream_type or stream_id.split("-", 1)[0]
-        return event_store.append_statement(self.schema, stream_id, rows, expected=expected, stream_type=kind)
 
     def append_streams(
         self, conn: psycopg.Connection[Any], appends: Iterable[StreamAppend], *, metadata: EventMetadata | None = None
@@ -362,10 +330,6 @@ class EventStore:
         else:
             reason = f"{where} is at version {state.version}, expected {expected}"
         return ConcurrencyConflict(reason, stream_id=stream_id, actual=None if state is None else state.version)
-
-
-def _unread(statement: plan.Statement) -> plan.Plan[None]:
-    yield statement
 
 
 def _expected_number(expected: ExpectedVersion) -> int | None:

@@ -13,7 +13,6 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from estafeta import _outbox as outbox
 from estafeta._event_types import EventRegistry, EventRegistryError
 from estafeta._events import (
     ANY,
@@ -284,23 +283,3 @@ def test_the_gap_safe_read_walks_its_index_in_order_without_sorting(
     explain = sql.SQL("EXPLAIN ") + query("read_safe", store.schema, "events.sql")
     plan = "\n".join(row[0] for row in conn.execute(explain, params))
     assert "Index Scan using events_tx_position" in plan and "Sort" not in plan, plan
-
-
-def test_append_with_commit_rides_with_a_step_s_commit_and_runs_at_once_elsewhere(
-    event_schema: EventSchema, conn: psycopg.Connection[Any]
-) -> None:
-    store = EventStore(event_schema.schema, registry)
-    count = sql.SQL("SELECT count(*) FROM {}.events").format(sql.Identifier(event_schema.schema))
-    with event_schema.connect() as writer:
-        with writer.transaction(), outbox.held_until_commit(writer):  # as a step's transaction holds its writes
-            store.append_with_commit(writer, "order-1", [created("1")])
-            # Not sent yet: nothing in this transaction, let alone in another.
-            assert writer.execute(count).fetchone() == (0,)
-            with writer.pipeline():  # the commit's pipeline sends it
-                outbox.write_held(writer)
-        assert conn.execute(count).fetchone() == (1,)
-        # Outside a step: written at once, at whatever version the stream is.
-        with writer.transaction():
-            store.append_with_commit(writer, "order-1", [created("1")])
-            assert writer.execute(count).fetchone() == (2,)
-    assert [e.version for e in store.read(conn, "order-1")] == [1, 2]
