@@ -12,21 +12,18 @@ from typing import Any
 import dramatiq
 import psycopg
 from dramatiq.broker import MessageProxy
+from dramatiq.brokers.rabbitmq import _RabbitmqMessage
 
 from estafeta import to_json
 
 
-class RabbitmqDelivery(MessageProxy):
-    """A message as Dramatiq's RabbitMQ consumer hands it to the actor: with the delivery's ``redelivered`` flag."""
+def as_rabbitmq_delivers(message: dramatiq.Message[Any], *, redelivered: bool) -> MessageProxy:
+    """``message`` as Dramatiq's RabbitMQ consumer hands it to the actor, delivered for the first time or again.
 
-    def __init__(self, message: dramatiq.Message[Any], *, redelivered: bool) -> None:
-        super().__init__(message)
-        self.redelivered = redelivered
-
-
-def as_rabbitmq_delivers(message: dramatiq.Message[Any], *, redelivered: bool) -> RabbitmqDelivery:
-    """``message`` delivered by RabbitMQ, for the first time (``redelivered=False``) or again."""
-    return RabbitmqDelivery(message, redelivered=redelivered)
+    Dramatiq's own class (private, but the consumer's: estafeta's steps read its
+    ``redelivered`` flag, and a Dramatiq release that changed it would fail here first).
+    """
+    return _RabbitmqMessage(redelivered, 0, message)
 
 
 def message_for(
