@@ -49,6 +49,17 @@ class Opened:
     first: bool
 
 
+@attrs.frozen
+class Uncounted:
+    """The deliveries of a message that no count holds (``estafeta._steps._uncounted`` says which)."""
+
+    #: This delivery goes uncounted: the broker says no consumer had this copy before.
+    this_one: bool = False
+    #: Earlier deliveries not counted: Dramatiq's retries (each a copy first-delivered again),
+    #: and a redelivery's own first delivery.
+    before: int = 0
+
+
 def begin(
     conn: psycopg.Connection[Any],
     schema: str,
@@ -58,8 +69,7 @@ def begin(
     *,
     lock_timeout_ms: int,
     wake_after_commit: bool = False,
-    first_delivery: bool = False,
-    earlier_deliveries: int = 0,
+    uncounted: Uncounted = Uncounted(),
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
@@ -75,18 +85,16 @@ def begin(
     (``estafeta.wakeup = 'after-commit'``, see ``estafeta._wakeups``); the caller wakes the
     relays and projectors once it has committed.
 
-    ``first_delivery``: the broker says no consumer has had this copy of the message before
-    (RabbitMQ's ``redelivered`` flag is clear), so the delivery is not counted: its
+    ``uncounted.this_one``: the broker says no consumer has had this copy of the message
+    before (RabbitMQ's ``redelivered`` flag is clear), so the delivery is not counted: its
     transaction, a row written and deleted, are skipped. Should it kill its worker, RabbitMQ
     hands it on marked redelivered, and that delivery is counted and reports one more: the
-    first. ``earlier_deliveries``: copies of the message delivered before this one that were
-    not counted (Dramatiq's retries re-enqueue a copy, which is a first delivery again); added
-    to the count returned.
+    first. ``uncounted.before`` is added to the count returned.
     """
     with conn.pipeline():
         if conn.autocommit:
             conn.execute("BEGIN")
-        if first_delivery:
+        if uncounted.this_one:
             counted = None
         else:
             counted = conn.execute(
@@ -96,7 +104,7 @@ def begin(
             conn.execute("BEGIN")
         # The inbox record's statement sets the transaction's wake-up policy too.
         wakeup = "after-commit" if wake_after_commit else None
-        if lock_key is None and first_delivery:
+        if lock_key is None and uncounted.this_one:
             recorded = inbox.record_first_delivery(
                 conn, schema, consumer, message_id, lock_timeout_ms=lock_timeout_ms, wakeup=wakeup
             )
@@ -113,7 +121,7 @@ def begin(
         row = counted.fetchone()
         assert row is not None
         attempts = int(row[0])
-    return Opened(attempts=attempts + earlier_deliveries, first=recorded.rowcount == 1)
+    return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1)
 
 
 def roll_back_work(conn: psycopg.Connection[Any]) -> None:

@@ -350,15 +350,13 @@ def _begin(
     message_id: uuid.UUID,
     command: Any,
     in_transaction_lock: bool,
-    uncounted: tuple[bool, int],
+    uncounted: step_tx.Uncounted,
 ) -> step_tx.Opened:
     """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
 
     A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
-    ``uncounted``: whether this delivery need not be counted, and how many before it were not
-    (:func:`_uncounted`).
+    ``uncounted``: the deliveries no count holds (:func:`_uncounted`).
     """
-    first_delivery, earlier = uncounted
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
         return step_tx.begin(
@@ -369,8 +367,7 @@ def _begin(
             None,
             lock_timeout_ms=timeout_ms,
             wake_after_commit=runtime.wakes_after_commit,
-            first_delivery=first_delivery,
-            earlier_deliveries=earlier,
+            uncounted=uncounted,
         )
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
@@ -384,8 +381,7 @@ def _begin(
             key,
             lock_timeout_ms=runtime.locks.timeout_ms,
             wake_after_commit=runtime.wakes_after_commit,
-            first_delivery=first_delivery,
-            earlier_deliveries=earlier,
+            uncounted=uncounted,
         )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
@@ -396,8 +392,8 @@ def _begin(
     return opened
 
 
-def _uncounted(message: dramatiq.Message[Any]) -> tuple[bool, int]:
-    """Whether this delivery of ``message`` can go uncounted, and how many deliveries before it were.
+def _uncounted(message: dramatiq.Message[Any]) -> step_tx.Uncounted:
+    """Whether this delivery of ``message`` can go uncounted, and how many deliveries before it were not counted.
 
     A delivery is counted so that a message which keeps killing its worker is parked (the
     count commits before the work). A broker that marks redeliveries (RabbitMQ's
@@ -411,9 +407,9 @@ def _uncounted(message: dramatiq.Message[Any]) -> tuple[bool, int]:
     """
     redelivered = getattr(message, "redelivered", None)
     if not isinstance(redelivered, bool):
-        return False, 0
+        return step_tx.Uncounted()
     retries = int(message.options.get("retries", 0))
-    return not redelivered, retries + int(redelivered)
+    return step_tx.Uncounted(this_one=not redelivered, before=retries + int(redelivered))
 
 
 def _take_lock(
