@@ -38,19 +38,10 @@ def procrastinate_rate(dsn: str, jobs: int, concurrency: int = 8) -> dict[str, A
     env = {**os.environ, "BENCH_DSN": dsn, "PYTHONPATH": str(ROOT)}
     _fresh_peer_writes(dsn)
     peer_jobs.prepare_procrastinate(dsn, jobs)
-    worker = subprocess.Popen(
-        # Warnings only: its per-job INFO lines would cost it time a production worker does not spend.
-        [str(BIN / "procrastinate"), f"--app={_PROCRASTINATE_APP}", "--log-level", "warning",
-         "worker", "--concurrency", str(concurrency)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        seconds = _wait_for_rows(dsn, "SELECT count(*), extract(epoch FROM max(done_at) - min(done_at))"
-                                 " FROM peer_writes", jobs)  # fmt: skip
-    finally:
-        worker.terminate()
-        worker.wait(30)
-    return {"jobs": jobs, "seconds": seconds, "per_second": (jobs - 1) / seconds, "concurrency": concurrency}
+    # Warnings only: its per-job INFO lines would cost it time a production worker does not spend.
+    argv = [str(BIN / "procrastinate"), f"--app={_PROCRASTINATE_APP}", "--log-level", "warning",
+            "worker", "--concurrency", str(concurrency)]  # fmt: skip
+    return _peer_writes_rate(dsn, argv, env, jobs, concurrency)
 
 
 def pgqueuer_rate(dsn: str, jobs: int, concurrency: int = 8) -> dict[str, Any]:
@@ -62,10 +53,12 @@ def pgqueuer_rate(dsn: str, jobs: int, concurrency: int = 8) -> dict[str, Any]:
     _fresh_peer_writes(dsn)
     asyncio.run(pgqueuer_jobs.prepare(dsn, jobs))
     env = {**os.environ, "BENCH_DSN": dsn, "BENCH_PGQ_CONCURRENCY": str(concurrency), "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "bench.pgqueuer_jobs"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    return _peer_writes_rate(dsn, [sys.executable, "-m", "bench.pgqueuer_jobs"], env, jobs, concurrency)
+
+
+def _peer_writes_rate(dsn: str, argv: list[str], env: dict[str, str], jobs: int, concurrency: int) -> dict[str, Any]:
+    """Run a peer's worker until its ``jobs`` rows are in ``peer_writes``; the rate by the rows' own timestamps."""
+    worker = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         seconds = _wait_for_rows(dsn, "SELECT count(*), extract(epoch FROM max(done_at) - min(done_at))"
                                  " FROM peer_writes", jobs)  # fmt: skip
