@@ -24,6 +24,17 @@ import psycopg
 from psycopg import sql
 
 
+def admin_dsn() -> str:
+    """A DSN of the local server to create scratch databases from: the libpq environment, or its defaults here."""
+    env = os.environ
+    return psycopg.conninfo.make_conninfo(
+        host=env.get("PGHOST", "127.0.0.1"),
+        port=env.get("PGPORT", "5432"),
+        user=env.get("PGUSER", "postgres"),
+        dbname=env.get("PGDATABASE", "test"),
+    )
+
+
 def add_database_url(parser: argparse.ArgumentParser) -> None:
     """``--database-url``: the PostgreSQL server the benchmark creates its scratch database on."""
     parser.add_argument(

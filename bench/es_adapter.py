@@ -16,8 +16,7 @@ from typing import Any
 
 import psycopg
 
-from .common import describe, machine, scratch_database
-from .events import _default_dsn
+from .common import admin_dsn, describe, machine, scratch_database
 from .events_baselines import catch_up_read, create_recorder_tables, settings_for
 from .events_workers import eventsourcing_writer, recorder_writes, timed_writers
 
@@ -87,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     """Measure and print events per second for both recorders."""
     parser = argparse.ArgumentParser(prog="python -m bench.es_adapter", description=__doc__.split("\n")[0])
-    parser.add_argument("--dsn", default=_default_dsn(), help="a DSN of the server (libpq environment by default)")
+    parser.add_argument("--dsn", default=admin_dsn(), help="a DSN of the server (libpq environment by default)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per insert run")
     parser.add_argument("--rounds", type=int, default=3, help="runs per figure (the median is shown)")
     args = parser.parse_args(argv)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from estafeta._projections import Projection, ProjectionContext, Projector, hand
 from sql import event_store, migrate
 
 from . import events_baselines as baselines
-from .common import machine, scratch_database
+from .common import admin_dsn, machine, scratch_database
 from .events_lag import measure_lag
 from .events_workers import ItemAdded, estafeta_writer, eventsourcing_writer, registry, timed_writers
 
@@ -247,20 +246,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
-def _default_dsn() -> str:
-    env = os.environ
-    return psycopg.conninfo.make_conninfo(
-        host=env.get("PGHOST", "127.0.0.1"),
-        port=env.get("PGPORT", "5432"),
-        user=env.get("PGUSER", "postgres"),
-        dbname=env.get("PGDATABASE", "test"),
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, measure, print the figures beside their baselines and targets."""
     parser = argparse.ArgumentParser(prog="python -m bench.events", description=__doc__.split("\n")[0])
-    parser.add_argument("--dsn", default=_default_dsn(), help="a DSN of the server (libpq environment by default)")
+    parser.add_argument("--dsn", default=admin_dsn(), help="a DSN of the server (libpq environment by default)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per append run")
     parser.add_argument("--rounds", type=int, default=3, help="append runs per figure (the median is shown)")
     parser.add_argument("--events", type=int, default=100_000, help="events read and projected")

@@ -17,10 +17,10 @@ import time
 import psycopg
 
 from . import relay_baselines as baselines
-from .common import rabbitmq_vhost, scratch_database
+from .common import admin_dsn, rabbitmq_vhost, scratch_database
 from .cpu import busy_seconds, cpu_by_process_group, process_cpu
 from .relay import _check_delivered
-from .relay_setup import AMQP_URL, BIN, Services, _admin, _migrate, fill, relays, wait_empty, warm_up
+from .relay_setup import AMQP_URL, BIN, Services, _migrate, fill, relays, wait_empty, warm_up
 
 
 def relay_round(found: Services, rows: int, profile: str | None, *args: str) -> tuple[float, float]:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lanes", type=int, default=None, help="the relay's --lanes (default: its own)")
     args = parser.parse_args(argv)
     extra = ("--lanes", str(args.lanes)) if args.lanes else ()
-    with scratch_database(_admin(), _migrate) as dsn, rabbitmq_vhost(AMQP_URL) as amqp_url:
+    with scratch_database(admin_dsn(), _migrate) as dsn, rabbitmq_vhost(AMQP_URL) as amqp_url:
         found = Services(dsn, amqp_url, "")
         print(f"load average at start: {os.getloadavg()[0]:.2f}; {args.rows:,} rows per drain")
         ratios = []

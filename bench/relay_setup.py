@@ -21,8 +21,8 @@ from typing import Any
 import attrs
 import psycopg
 
+from .common import admin_dsn, rabbitmq_vhost, redis_namespace, scratch_database
 from .common import machine as common_machine
-from .common import rabbitmq_vhost, redis_namespace, scratch_database
 from .relay_kafka import kafka_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,20 +70,11 @@ class Services:
         return {**env, "ESTAFETA_DATABASE_URL": self.dsn, "ESTAFETA_BROKER_URL": broker_url, **extra}
 
 
-def _admin(dbname: str | None = None) -> str:
-    return psycopg.conninfo.make_conninfo(
-        host=os.environ["PGHOST"],
-        port=os.environ["PGPORT"],
-        user=os.environ["PGUSER"],
-        dbname=dbname or os.environ["PGDATABASE"],
-    )
-
-
 @contextlib.contextmanager
 def services() -> Iterator[Services]:
     """Create the run's database (migrated), vhost, namespace and Kafka topics prefix; remove them afterwards."""
     with (
-        scratch_database(_admin(), _migrate) as dsn,
+        scratch_database(admin_dsn(), _migrate) as dsn,
         rabbitmq_vhost(AMQP_URL) as amqp_url,
         redis_namespace(REDIS_URL) as redis_url,
         kafka_server() as (kafka_url, kafka_name),

@@ -30,9 +30,8 @@ from actors.pingpong import Ping
 from estafeta import Runtime, Settings, deliver
 from estafeta._messages import to_json
 
-from .common import scratch_database
+from .common import admin_dsn, scratch_database
 from .cpu import process_cpu
-from .wakeups import _admin
 
 
 def _message() -> dramatiq.Message[Any]:
@@ -60,7 +59,7 @@ def measure(deliveries: int, profile: bool, rounds: int) -> None:
         runtime.migrate(app.services)
         runtime.close()
 
-    with scratch_database(_admin(), prepare) as dsn, psycopg.connect(dsn, autocommit=True) as probe:
+    with scratch_database(admin_dsn(), prepare) as dsn, psycopg.connect(dsn, autocommit=True) as probe:
         runtime = Runtime(Settings(database_url=dsn, pool_size=1))
         spec = app.steps["pingpong.ping"]
         for _ in range(20):  # connected, statements prepared

@@ -35,22 +35,12 @@ import psycopg
 
 from sql import migrate
 
-from .common import machine, scratch_database
+from .common import admin_dsn, machine, scratch_database
 from .cpu import process_cpu
 
 POLICIES = ("notify", "after-commit", "poll")
 KINDS = ("append", "step")
 SCHEMA = "wake_events"
-
-
-def _admin() -> str:
-    env = os.environ
-    return psycopg.conninfo.make_conninfo(
-        host=env.get("PGHOST", "127.0.0.1"),
-        port=env.get("PGPORT", "5432"),
-        user=env.get("PGUSER", "postgres"),
-        dbname=env.get("PGDATABASE", "test"),
-    )
 
 
 def prepare(dsn: str) -> None:
@@ -231,7 +221,7 @@ def _listen(dsn: str, stop: threading.Event, heard: list[int]) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure: ``{kind: {writers: {policy: [ops/s, CPU ms/op]}}}``, medians over the rounds."""
     counts = [int(n) for n in args.writers.split(",")]
-    with scratch_database(_admin(), prepare) as dsn:
+    with scratch_database(admin_dsn(), prepare) as dsn:
         stop, heard = threading.Event(), [0]
         listener = threading.Thread(target=_listen, args=(dsn, stop, heard), daemon=True)
         listener.start()
