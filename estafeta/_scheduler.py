@@ -22,12 +22,13 @@ recorded on its row and tried again next pass; the other schedules go on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -174,12 +175,7 @@ class Scheduler:
 
         Its next tick stays where it was; overlap is not checked (the operator asked).
         """
-        if not self._registered:
-            self.register()
-        service = schedule.service.name
-        with self.runtime.database(service).transaction() as conn:
-            row = store.lock(conn, service, schedule.name)
-            assert row is not None, "registered just before"
+        with self._locked(schedule) as (conn, row):
             sent = _send_tick(conn, schedule, row.now, uuid.uuid4())
             firing = store.Firing(
                 next_fire_at=row.next_fire_at,
@@ -189,7 +185,7 @@ class Scheduler:
                 last_message_id=sent[0] if sent else None,
                 last_actor=sent[1] if sent else None,
             )
-            store.record(conn, service, schedule.name, firing)
+            store.record(conn, schedule.service.name, schedule.name, firing)
         return sent[0] if sent else None
 
     def set_paused(self, schedule: Schedule, *, paused: bool) -> None:
@@ -198,15 +194,23 @@ class Scheduler:
         Ticks that fell while it was paused are not caught up: a pause is an operator's
         decision that they should not fire.
         """
+        with self._locked(schedule) as (conn, row):
+            resume_at = None if paused else schedule.timing.next_after(row.now)
+            outcome = "paused by an operator" if paused else "resumed by an operator"
+            store.set_paused(
+                conn, schedule.service.name, schedule.name, paused=paused, outcome=outcome, next_fire_at=resume_at
+            )
+
+    @contextlib.contextmanager
+    def _locked(self, schedule: Schedule) -> Iterator[tuple[psycopg.Connection[Any], store.ScheduleRow]]:
+        """``schedule``'s row, locked in a transaction of its service's database (registered first if need be)."""
         if not self._registered:
             self.register()
         service = schedule.service.name
         with self.runtime.database(service).transaction() as conn:
             row = store.lock(conn, service, schedule.name)
             assert row is not None, "registered just before"
-            resume_at = None if paused else schedule.timing.next_after(row.now)
-            outcome = "paused by an operator" if paused else "resumed by an operator"
-            store.set_paused(conn, service, schedule.name, paused=paused, outcome=outcome, next_fire_at=resume_at)
+            yield conn, row
 
     def _record_error(self, schedule: Schedule, error: str) -> None:
         service = schedule.service.name
