@@ -239,6 +239,14 @@ def test_a_reply_for_no_saga_is_dead_lettered(runtime: Runtime, conn, courier: C
     assert "no order saga" in scalar(conn, "SELECT reason FROM orders.dead_letters")
 
 
+def _spend_attempts(courier: Courier, clock: VirtualClock, actor: str) -> None:
+    """Let every send of ``actor``'s command go unanswered until its attempts are spent (the watchdog's three)."""
+    for attempt in range(1, 4):
+        overdue(clock, attempt)
+        while courier.pending(actor):
+            courier.take(actor)  # lost: the participant never sees it
+
+
 def _give_up_on_charge(conn, courier: Courier, clock: VirtualClock, saga_id: uuid.UUID) -> None:
     """Let every send of the charge go unanswered until the saga compensates it."""
     for attempt in range(1, 4):
@@ -364,10 +372,7 @@ def test_a_late_answer_to_a_step_past_the_point_of_no_return_given_up_completes_
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     courier.run(hold=frozenset({CONFIRM}))
     late = courier.take(CONFIRM)
-    for attempt in range(1, 4):
-        overdue(clock, attempt)
-        while courier.pending(CONFIRM):
-            courier.take(CONFIRM)
+    _spend_attempts(courier, clock, CONFIRM)
     assert saga(conn, placed.saga_id).status == "failed"
     assert courier.deliver(late) == "ok"
     assert courier.deliver(courier.take(REPLY)) == "ok"
@@ -383,10 +388,7 @@ def test_a_late_answer_is_stale_once_an_operator_resumed_the_failed_saga(
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     courier.run(hold=frozenset({CONFIRM}))
     late = courier.take(CONFIRM)
-    for attempt in range(1, 4):
-        overdue(clock, attempt)
-        while courier.pending(CONFIRM):
-            courier.take(CONFIRM)
+    _spend_attempts(courier, clock, CONFIRM)
     with runtime.database("orders").transaction() as tx:
         assert ORDER_SAGA.resume(tx, placed.saga_id) == "retrying"
     assert courier.deliver(late) == "ok"
@@ -415,10 +417,7 @@ def test_an_unanswered_step_is_compensated_itself_once_its_attempts_are_spent(
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     courier.run(hold=frozenset({RESERVE}))
-    for attempt in range(1, 4):
-        overdue(clock, attempt)
-        while courier.pending(RESERVE):
-            courier.take(RESERVE)
+    _spend_attempts(courier, clock, RESERVE)
     row = saga(conn, placed.saga_id)
     assert row.status == "compensating"
     assert row.compensations == ["reserve_inventory", "charge_payment", "place_order", "notify_cancellation"]
@@ -436,10 +435,7 @@ def test_an_unanswered_step_past_the_point_of_no_return_fails_the_saga_until_res
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     courier.run(hold=frozenset({CONFIRM}))
-    for attempt in range(1, 4):
-        overdue(clock, attempt)
-        while courier.pending(CONFIRM):
-            courier.take(CONFIRM)
+    _spend_attempts(courier, clock, CONFIRM)
     row = saga(conn, placed.saga_id)
     assert (row.status, row.last_error) == ("failed", "confirm_order: no reply after 3 attempt(s)")
     assert (balance(conn), available(conn)) == (7_000, 3)  # nothing compensated
