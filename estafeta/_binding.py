@@ -15,7 +15,7 @@ from brokers.tracing import messaging_system
 
 from . import _tracing as tracing
 from ._errors import SettingsError
-from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, WorkerLogs, has_middleware
+from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, WorkerLogs, find_middleware, has_middleware
 from ._projections import Projector
 from ._projector_run import ProjectorsMiddleware
 from ._retention import PruneMiddleware
@@ -79,7 +79,7 @@ def bind_app(
 
 def _schedule(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     # Every worker process fires due schedules; the row lock makes each tick fire once.
-    existing = next((m for m in broker.middleware if isinstance(m, SchedulerMiddleware)), None)
+    existing = find_middleware(broker, SchedulerMiddleware)
     if existing is None:
         broker.add_middleware(SchedulerMiddleware(runtime, app.schedules))
         return
@@ -88,7 +88,7 @@ def _schedule(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
 
 def _prune(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     # Every worker process prunes the app's tables now and then (ESTAFETA_PRUNE_INTERVAL).
-    existing = next((m for m in broker.middleware if isinstance(m, PruneMiddleware)), None)
+    existing = find_middleware(broker, PruneMiddleware)
     if existing is None:
         broker.add_middleware(PruneMiddleware(runtime, app.services, app.sagas))
     else:
@@ -109,7 +109,7 @@ def _project(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
 
 def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     # Every worker process watches saga deadlines: restarting the workers resumes every saga.
-    existing = next((m for m in broker.middleware if isinstance(m, WatchdogMiddleware)), None)
+    existing = find_middleware(broker, WatchdogMiddleware)
     if existing is None:
         broker.add_middleware(WatchdogMiddleware(runtime, app.sagas))
         return

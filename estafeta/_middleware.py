@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dramatiq
 
@@ -69,9 +69,18 @@ class WorkerLogs(dramatiq.Middleware):
         logs.adopt_handlers(self.log_format)
 
 
+#: A middleware class.
+M = TypeVar("M", bound=dramatiq.Middleware)
+
+
 def has_middleware(broker: dramatiq.Broker, kind: type[Any]) -> bool:
     """Whether ``broker`` already carries a middleware of type ``kind``."""
-    return any(isinstance(m, kind) for m in broker.middleware)
+    return find_middleware(broker, kind) is not None
+
+
+def find_middleware(broker: dramatiq.Broker, kind: type[M]) -> M | None:
+    """``broker``'s middleware of type ``kind``, if it carries one."""
+    return next((m for m in broker.middleware if isinstance(m, kind)), None)
 
 
 class WorkerThread(dramatiq.Middleware):
