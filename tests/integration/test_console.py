@@ -334,14 +334,17 @@ def test_the_charts_draw_the_sagas_started_and_redraw_without_reloading_the_page
     from selenium.webdriver.common.by import By
 
     def started() -> str:
-        """The sagas started in the window, summed from the chart's points, read inside the charts' frame."""
-        browser.switch_to.default_content()
-        browser.switch_to.frame(browser.find_element(By.ID, "chart-frame"))
-        try:
-            found = browser.find_elements(By.CSS_SELECTOR, '#chart-sagas g[data-series="started"] circle.point')
-            return str(sum(int(point.get_attribute("data-value")) for point in found))
-        finally:
-            browser.switch_to.default_content()
+        """The sagas started in the window, summed from the chart's points in the charts' frame.
+
+        Read in one script, so that the frame's redraw cannot replace the points between finding them and
+        reading them (element by element, a redraw in between left a stale reference: a failed CI run).
+        """
+        values = browser.execute_script(
+            "const frame = document.getElementById('chart-frame').contentDocument;"
+            "return Array.from(frame.querySelectorAll("
+            "'#chart-sagas g[data-series=\"started\"] circle.point'), p => p.dataset.value);"
+        )
+        return str(sum(int(value) for value in values))
 
     with serving(database_url, tmp_path, "--no-access-log") as server:
         stuck_saga(server, conn)
