@@ -144,10 +144,21 @@ def relays(env: dict[str, str], count: int = 1, *args: str) -> Iterator[list[Rel
             relay.stop()
 
 
+def outbox_empty(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the outbox holds no row: one probe of its primary key's index.
+
+    Not ``count(*)``: polled every 10 ms while the relays drain 20,000 rows, a count reads
+    every row (and every row they deleted since the last vacuum), and took a fifth to a
+    third of PostgreSQL's CPU in the relay's rounds, on the same two cores as the relays,
+    where raw pika's rounds have no poller.
+    """
+    return conn.execute("SELECT id FROM pingpong.outbox ORDER BY id LIMIT 1").fetchone() is None
+
+
 def wait_empty(conn: psycopg.Connection[Any], timeout: float = 600) -> float:
     """Wait until the outbox is empty; return when (``perf_counter``)."""
     deadline = time.monotonic() + timeout
-    while outbox_count(conn):
+    while not outbox_empty(conn):
         if time.monotonic() > deadline:
             raise SystemExit(f"the outbox did not drain within {timeout:g} s")
         time.sleep(0.01)
