@@ -127,7 +127,7 @@ def _stub_harness(runtime: Runtime, broker: StubBroker, every: int) -> Iterator[
 def _process_harness(runtime: Runtime, broker: dramatiq.Broker, every: int, processes: int) -> Iterator[Harness]:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"workers-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    argv = [sys.executable, "-m", "dramatiq", "actors", "--processes", str(processes), "--threads", "8"]
+    argv = [*_dying_with(os.getpid()), "-m", "dramatiq", "actors", "--processes", str(processes), "--threads", "8"]
     with log.open("wb") as out:
         workers = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -140,6 +140,30 @@ def _process_harness(runtime: Runtime, broker: dramatiq.Broker, every: int, proc
             workers.wait(30)
         except subprocess.TimeoutExpired:
             workers.kill()
+
+
+# Linux's parent-death signal, set in a small interpreter that then becomes the workers
+# (``execv`` keeps it), not in ``preexec_fn``, which is unsafe once this process has threads.
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("estafeta demo: exited before its workers started")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
+def _dying_with(parent: int) -> list[str]:
+    """The start of a command line running the rest (``python`` arguments) in a process SIGTERMed when ``parent`` dies.
+
+    The workers run in a session of their own (a Ctrl-C in the terminal is the demo's to
+    handle), so nothing else would stop them if the demo were killed (SIGKILL, a test's
+    timeout): they would go on taking messages from the run's queues. Elsewhere than
+    Linux, the command as it is.
+    """
+    if sys.platform != "linux":
+        return [sys.executable]
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(parent)]
 
 
 def _harness(runtime: Runtime, broker: dramatiq.Broker, every: int, processes: int, external: bool) -> Any:
