@@ -147,10 +147,10 @@ def relays(env: dict[str, str], count: int = 1, *args: str) -> Iterator[list[Rel
 def outbox_empty(conn: psycopg.Connection[Any]) -> bool:
     """Whether the outbox holds no row: one probe of its primary key's index.
 
-    Not ``count(*)``: polled every 10 ms while the relays drain 20,000 rows, a count reads
-    every row (and every row they deleted since the last vacuum), and took a fifth to a
-    third of PostgreSQL's CPU in the relay's rounds, on the same two cores as the relays,
-    where raw pika's rounds have no poller.
+    Not ``count(*)``, which reads every row (and every row deleted since the last vacuum):
+    on 20,000 rows half drained it cost the backend 1.1 ms of CPU per poll against 0.03 for
+    the probe, about a tenth of a core polled every 10 ms, 0.016 CPU ms per row relayed,
+    charged to PostgreSQL on the relay's two cores where raw pika's rounds have no poller.
     """
     return conn.execute("SELECT id FROM pingpong.outbox ORDER BY id LIMIT 1").fetchone() is None
 
