@@ -213,6 +213,15 @@ class Idempotency:
                 response = yield from _transaction(self._attempt(request, request.key))
             except _LostRace:
                 continue  # the winner's record is visible now: the next attempt answers with it
+            except Problem:
+                raise  # the claim's answers (in flight, reused key): nothing ran
+            except Exception as failed:
+                # The claim may have missed a record committed after its snapshot (see
+                # claim_key), and the handler then failed on that request's writes (a unique
+                # key it took first): that record is the answer. Otherwise, the failure is.
+                if not (yield from self._answered_meanwhile(request, request.key, failed)):
+                    raise
+                continue
             if 400 <= response.status < 500 and not response.replayed:
                 # The refusal's own transaction, right after the one that rolled the handler's
                 # writes back (so a success pays for no savepoint).
@@ -249,6 +258,19 @@ class Idempotency:
                 "this key was used for a different request (method, path or body); send a new key for a new request"
             )
         return HttpResponse(found.status, found.headers, found.body, replayed=True)
+
+    def _answered_meanwhile(self, request: IdempotentRequest, key: str, failed: Exception) -> plan.Plan[bool]:
+        """Whether the key has a record now, after an attempt that saw none failed with ``failed``."""
+        try:
+            return (yield from _transaction(self._recorded(request, key)))
+        except Exception as also:
+            raise failed from also  # the database is gone too: the attempt's own failure is the one to tell
+
+    def _recorded(self, request: IdempotentRequest, key: str) -> plan.Plan[tuple[bool, bool]]:
+        found, _ = yield from store.claim_plan(
+            self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
+        )
+        return False, found is not None  # rolled back: a lock it took goes with it
 
     def _record_refusal(
         self, request: IdempotentRequest, key: str, response: HttpResponse

@@ -8,7 +8,8 @@
 -- transaction-scoped, so a killed server frees the key when PostgreSQL drops its session.
 -- One round trip: the record is read with this statement's snapshot, taken before the
 -- lock, so a holder that committed in between is missed here; store_key then finds its
--- record and the caller starts over.
+-- record and the caller starts over, as it does when the handler fails (on that holder's
+-- writes, a unique key it took first) and the record is there afterwards.
 SELECT k.fingerprint, k.status, k.headers, k.body,
        CASE WHEN k.key IS NULL THEN pg_try_advisory_xact_lock(hashtextextended(%(lock_name)s, 0))
             ELSE true END AS locked

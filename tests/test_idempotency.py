@@ -22,6 +22,7 @@ from estafeta import (
     IdempotentRequest,
     Problem,
     Runtime,
+    StatementFailed,
     parse_idempotency_key,
 )
 from sql import idempotency as store
@@ -285,6 +286,58 @@ def test_a_record_committed_between_the_claim_and_the_store_wins_and_is_replayed
     answer = KEYS.run(runtime, asked, lose_the_race)
     assert (answer.status, answer.body, answer.replayed) == (201, winner.body, True)
     assert (order_count(conn), record_count(conn)) == (0, 1)  # the loser's order rolled back
+
+
+def test_a_handler_failing_on_the_writes_of_a_record_committed_after_the_claim_answers_with_that_record(
+    runtime: Runtime, conn
+) -> None:
+    # The race a Django test met under load (a 500 for a key answered 201): two requests with
+    # one key, the second's claim reading before the first committed (its snapshot) and
+    # locking after, its handler then failing on the first's row (the same unique name).
+    asked = request({"sku": "s1"})
+    winner = HttpResponse.json(201, {"order_id": "the winner's"})
+    order_id = uuid.uuid4()
+    calls = 0
+
+    def collide(c: psycopg.Connection[Any]) -> HttpResponse:
+        nonlocal calls
+        calls += 1
+        # The winner commits its order and record after this transaction's claim looked.
+        orders.insert_order(
+            conn, order_id, customer_id="c1", sku="s1", quantity=1, amount_cents=100, idempotency_key=None
+        )
+        store.store(
+            conn, "orders", client=asked.client, key="k-1", fingerprint=asked.fingerprint, method="POST",
+            target="/orders", status=winner.status, headers=winner.headers, body=winner.body, ttl=timedelta(minutes=1),
+        )  # fmt: skip
+        c.execute(
+            "INSERT INTO orders.orders (order_id, customer_id, sku, quantity, amount_cents)"
+            " VALUES (%s, 'c1', 's1', 1, 100)",
+            (order_id,),
+        )  # the winner's order: a unique violation
+        return HttpResponse.json(201, {"order_id": str(order_id)})
+
+    answer = KEYS.run(runtime, asked, collide)
+    assert (answer.status, answer.body, answer.replayed) == (201, winner.body, True)
+    assert (calls, order_count(conn), record_count(conn)) == (1, 1, 1)
+
+
+def test_a_handler_failure_with_no_record_meanwhile_is_raised_as_it_was(runtime: Runtime, conn) -> None:
+    def collide(c: psycopg.Connection[Any]) -> HttpResponse:
+        order_id = uuid.uuid4()
+        orders.insert_order(
+            conn, order_id, customer_id="c1", sku="s1", quantity=1, amount_cents=100, idempotency_key=None
+        )
+        c.execute(
+            "INSERT INTO orders.orders (order_id, customer_id, sku, quantity, amount_cents)"
+            " VALUES (%s, 'c1', 's1', 1, 100)",
+            (order_id,),
+        )
+        return HttpResponse.json(201, {})
+
+    with pytest.raises(StatementFailed, match="orders_pkey"):  # as it was raised: the handler's own failure
+        KEYS.run(runtime, request({"sku": "s1"}), collide)
+    assert record_count(conn) == 0
 
 
 def test_a_finished_key_is_replayed_even_while_its_lock_is_held(runtime: Runtime, conn, database_url: str) -> None:
