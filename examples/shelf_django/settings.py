@@ -33,3 +33,11 @@ DATABASES = {
 }
 SHELF_CAPACITY = int(os.environ.get("SHELF_CAPACITY", "1000"))
 USE_TZ = True
+# A view's unhandled exception goes to stderr with its traceback (Django's default, with
+# DEBUG off, only mails it to ADMINS: a 500 would leave no trace in the server's log).
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django.request": {"handlers": ["stderr"], "level": "ERROR"}},
+}

@@ -64,7 +64,7 @@ def test_the_django_view_places_items_that_reach_their_step_over_rabbitmq_once_e
             with processes.running(web):
                 wait_until(lambda: serving(base), timeout=60, what="django-admin runserver")
                 statuses, full = asyncio.run(place_all())
-            assert set(statuses) <= {201, 409} and statuses.count(201) >= 10, statuses
+            assert set(statuses) <= {201, 409} and statuses.count(201) >= 10, (statuses, web.log.read_text()[-4000:])
             assert [r.status_code for r in full] == [409, 409] and full[1].headers["Idempotent-Replayed"] == "true"
             assert scalar(conn, "SELECT count(*) FROM shelf.items") == 10
             assert scalar(conn, "SELECT count(*) FROM shelf.outbox") == 10  # none for the refused 11th
