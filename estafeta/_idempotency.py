@@ -40,7 +40,7 @@ from psycopg.pq import TransactionStatus
 
 from sql import idempotency as store
 from sql import plan
-from sql.errors import DatabaseError
+from sql.errors import DatabaseError, DatabaseUnavailable
 
 from ._problem import HttpResponse, Problem
 from ._saga_model import as_timedelta
@@ -213,8 +213,8 @@ class Idempotency:
                 response = yield from _transaction(self._attempt(request, request.key))
             except _LostRace:
                 continue  # the winner's record is visible now: the next attempt answers with it
-            except Problem:
-                raise  # the claim's answers (in flight, reused key): nothing ran
+            except (Problem, DatabaseUnavailable):
+                raise  # the claim's answers (in flight, reused key), or no database to look in
             except Exception as failed:
                 # The claim may have missed a record committed after its snapshot (see
                 # claim_key), and the handler then failed on that request's writes (a unique
