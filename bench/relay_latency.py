@@ -26,7 +26,7 @@ from estafeta import Settings
 from sql import outbox as store
 
 from .relay_kafka import consume_arrivals
-from .relay_setup import Services, fill, outbox_count, relays, warm_up
+from .relay_setup import Services, fill, outbox_empty, relays, warm_up
 
 
 def _write_at(dsn: str, queue: str, rate: float, seconds: float, committed: dict[str, float]) -> None:
@@ -136,7 +136,7 @@ def memory(services: Services, rows: int) -> dict[str, float]:
             fill(conn, rows, queue)
         started = time.perf_counter()
         peak = baseline
-        while outbox_count(conn):
+        while not outbox_empty(conn):
             peak = max(peak, relay.rss_bytes())
             time.sleep(0.05)
         drained = time.perf_counter() - started

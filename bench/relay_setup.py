@@ -95,11 +95,6 @@ def fill(conn: psycopg.Connection[Any], rows: int, queue: str, keys: int = 1000)
     conn.execute("SELECT pg_notify('estafeta_outbox', 'pingpong')")
 
 
-def outbox_count(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM pingpong.outbox").fetchone()
-    return int(row[0]) if row else 0
-
-
 class RelayProcess:
     """An ``estafeta relay`` process of the run."""
 
