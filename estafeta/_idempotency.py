@@ -243,9 +243,7 @@ class Idempotency:
         return True, response
 
     def _claim(self, request: IdempotentRequest, key: str) -> plan.Plan[HttpResponse | None]:
-        found, locked = yield from store.claim_plan(
-            self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
-        )
+        found, locked = yield from self._claim_key(request, key)
         if not locked:
             raise IdempotencyKeyInFlight(
                 f"the first request with this key is still being processed: retry in {self.retry_after} s",
@@ -259,6 +257,14 @@ class Idempotency:
             )
         return HttpResponse(found.status, found.headers, found.body, replayed=True)
 
+    def _claim_key(self, request: IdempotentRequest, key: str) -> plan.Plan[tuple[store.StoredKey | None, bool]]:
+        """The key's unexpired record, or whether this transaction took the key's lock (``claim_key``)."""
+        return (
+            yield from store.claim_plan(
+                self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
+            )
+        )
+
     def _answered_meanwhile(self, request: IdempotentRequest, key: str, failed: Exception) -> plan.Plan[bool]:
         """Whether the key has a record now, after an attempt that saw none failed with ``failed``."""
         try:
@@ -267,9 +273,7 @@ class Idempotency:
             raise failed from also  # the database is gone too: the attempt's own failure is the one to tell
 
     def _recorded(self, request: IdempotentRequest, key: str) -> plan.Plan[tuple[bool, bool]]:
-        found, _ = yield from store.claim_plan(
-            self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
-        )
+        found, _ = yield from self._claim_key(request, key)
         return False, found is not None  # rolled back: a lock it took goes with it
 
     def _record_refusal(
@@ -277,9 +281,7 @@ class Idempotency:
     ) -> plan.Plan[tuple[bool, None]]:
         # If another request with the key came in between, its answer is the key's record and
         # this refusal is not kept.
-        found, locked = yield from store.claim_plan(
-            self.service, client=request.client, key=key, lock_name=self._lock_name(request.client, key)
-        )
+        found, locked = yield from self._claim_key(request, key)
         if found is None and locked:
             yield from self._store(request, key, response)
         return True, None
