@@ -288,6 +288,18 @@ def test_a_record_committed_between_the_claim_and_the_store_wins_and_is_replayed
     assert (order_count(conn), record_count(conn)) == (0, 1)  # the loser's order rolled back
 
 
+def insert_an_order_taken_meanwhile(other: psycopg.Connection[Any], c: psycopg.Connection[Any]) -> HttpResponse:
+    """A handler's insert of an order ``other`` committed first, after the claim: it fails (the same id)."""
+    order_id = uuid.uuid4()
+    orders.insert_order(other, order_id, customer_id="c1", sku="s1", quantity=1, amount_cents=100, idempotency_key=None)
+    c.execute(
+        "INSERT INTO orders.orders (order_id, customer_id, sku, quantity, amount_cents)"
+        " VALUES (%s, 'c1', 's1', 1, 100)",
+        (order_id,),
+    )
+    return HttpResponse.json(201, {"order_id": str(order_id)})
+
+
 def test_a_handler_failing_on_the_writes_of_a_record_committed_after_the_claim_answers_with_that_record(
     runtime: Runtime, conn
 ) -> None:
@@ -296,26 +308,17 @@ def test_a_handler_failing_on_the_writes_of_a_record_committed_after_the_claim_a
     # locking after, its handler then failing on the first's row (the same unique name).
     asked = request({"sku": "s1"})
     winner = HttpResponse.json(201, {"order_id": "the winner's"})
-    order_id = uuid.uuid4()
     calls = 0
 
     def collide(c: psycopg.Connection[Any]) -> HttpResponse:
         nonlocal calls
         calls += 1
         # The winner commits its order and record after this transaction's claim looked.
-        orders.insert_order(
-            conn, order_id, customer_id="c1", sku="s1", quantity=1, amount_cents=100, idempotency_key=None
-        )
         store.store(
             conn, "orders", client=asked.client, key="k-1", fingerprint=asked.fingerprint, method="POST",
             target="/orders", status=winner.status, headers=winner.headers, body=winner.body, ttl=timedelta(minutes=1),
         )  # fmt: skip
-        c.execute(
-            "INSERT INTO orders.orders (order_id, customer_id, sku, quantity, amount_cents)"
-            " VALUES (%s, 'c1', 's1', 1, 100)",
-            (order_id,),
-        )  # the winner's order: a unique violation
-        return HttpResponse.json(201, {"order_id": str(order_id)})
+        return insert_an_order_taken_meanwhile(conn, c)
 
     answer = KEYS.run(runtime, asked, collide)
     assert (answer.status, answer.body, answer.replayed) == (201, winner.body, True)
@@ -323,20 +326,8 @@ def test_a_handler_failing_on_the_writes_of_a_record_committed_after_the_claim_a
 
 
 def test_a_handler_failure_with_no_record_meanwhile_is_raised_as_it_was(runtime: Runtime, conn) -> None:
-    def collide(c: psycopg.Connection[Any]) -> HttpResponse:
-        order_id = uuid.uuid4()
-        orders.insert_order(
-            conn, order_id, customer_id="c1", sku="s1", quantity=1, amount_cents=100, idempotency_key=None
-        )
-        c.execute(
-            "INSERT INTO orders.orders (order_id, customer_id, sku, quantity, amount_cents)"
-            " VALUES (%s, 'c1', 's1', 1, 100)",
-            (order_id,),
-        )
-        return HttpResponse.json(201, {})
-
     with pytest.raises(StatementFailed, match="orders_pkey"):  # as it was raised: the handler's own failure
-        KEYS.run(runtime, request({"sku": "s1"}), collide)
+        KEYS.run(runtime, request({"sku": "s1"}), lambda c: insert_an_order_taken_meanwhile(conn, c))
     assert record_count(conn) == 0
 
 

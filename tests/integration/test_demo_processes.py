@@ -20,18 +20,18 @@ pytestmark = [
 ]
 
 
+def _stat(pid: int | str) -> tuple[str, int] | None:
+    """A process's state and parent from ``/proc``; ``None`` once it is gone or a zombie (exited)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else (fields[0], int(fields[1]))
+
+
 def _descendants(pid: int) -> set[int]:
-    """Every live process below ``pid``, from each process's parent in ``/proc``."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue  # gone meanwhile
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] != "Z":  # a zombie has exited; it only waits for its parent
-                parents[int(entry.name)] = int(fields[1])
+    """Every live process below ``pid``."""
+    parents = {int(e.name): stat[1] for e in Path("/proc").iterdir() if e.name.isdigit() and (stat := _stat(e.name))}
     found: set[int] = set()
     frontier = {pid}
     while frontier:
@@ -41,14 +41,7 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _alive(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"}
-
-
-def _state(pid: int) -> str:
-    try:
-        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
+    return {pid for pid in pids if _stat(pid) is not None}
 
 
 def test_the_demo_s_workers_stop_when_the_demo_is_killed(amqp_url: str, database_url: str, runtime) -> None:
