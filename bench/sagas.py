@@ -110,7 +110,7 @@ def stub_harness(dsn: str) -> Iterator[Runtime]:
 
 @contextlib.contextmanager
 def process_harness(
-    dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 1, settings: Mapping[str, str] = {}
+    dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 2, settings: Mapping[str, str] = {}
 ) -> Iterator[Runtime]:
     """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes.
 
@@ -416,7 +416,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--pings", type=int, default=1000, help="ping/pong round trips per broker (default 1000)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes on real brokers (default 2)")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker process (default 8)")
-    parser.add_argument("--lanes", type=int, default=1, help="the relay's lanes on real brokers (default 1, its own)")
+    parser.add_argument("--lanes", type=int, default=2, help="the relay's lanes on real brokers (default 2, its own)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--wakeup", choices=["notify", "after-commit", "poll"], help="ESTAFETA_WAKEUP of the workers")
     parser.add_argument(
