@@ -52,6 +52,20 @@ def _outbox_rows(run: KillAndRecover) -> int:
     return total
 
 
+def _outbox_left(run: KillAndRecover) -> dict[str, list[tuple[str, int, str | None, int]]]:
+    """What the outboxes still hold: by service, (status, attempts, last error, rows)."""
+    left = {}
+    for service in SERVICES:
+        with psycopg.connect(run.settings.database_url_for(service), autocommit=True) as conn:
+            rows = conn.execute(
+                f"SELECT status, attempts, last_error, count(*) FROM {service}.outbox"  # fixed names
+                " GROUP BY 1, 2, 3 ORDER BY 1, 2"
+            ).fetchall()
+        if rows:
+            left[service] = [(str(s), int(a), e, int(n)) for s, a, e, n in rows]
+    return left
+
+
 @pytest.mark.timeout(420)
 def test_order_sagas_on_quorum_queues_survive_the_leader_killed_and_another_node_stopped(
     database_url: str, runtime, tmp_path: Path
@@ -101,7 +115,10 @@ def test_order_sagas_on_quorum_queues_survive_the_leader_killed_and_another_node
             stopped.ctl("start_app")
             phase("app started again")
             run.wait_for("every saga", lambda: run.ended() >= 2 * wave, plan.timeout)
-            run.wait_for("the outboxes drained", lambda: _outbox_rows(run) == 0, 120)
+            try:
+                run.wait_for("the outboxes drained", lambda: _outbox_rows(run) == 0, 120)
+            except TimeoutError as exc:  # say what stayed, and why: a stuck relay or failed rows
+                raise TimeoutError(f"{exc}; left in the outboxes: {_outbox_left(run)}") from None
             phase("second wave ended")
         finally:
             run.stop()
