@@ -26,6 +26,10 @@ class PublishOutcome:
     confirmed: list[int] = attrs.field(factory=list)
     #: Rows the broker refused, with the reason: each counts a failed attempt.
     failed: dict[int, str] = attrs.field(factory=dict)
+    #: Rows the broker turned away for now, with the reason (a RabbitMQ nack: a queue
+    #: replica down, a full queue that rejects publishes): each waits out a growing
+    #: backoff, counted, but is never parked as ``failed`` for it.
+    deferred: dict[int, str] = attrs.field(factory=dict)
     #: Set when the broker could not be reached: the rows not confirmed stay pending
     #: without counting an attempt (an outage is not the rows' fault).
     broker_error: str | None = None

@@ -50,10 +50,13 @@ class _Timeout(Exception):
 class RabbitmqPublisher:
     """Publishes a batch with publisher confirms outstanding for all of it.
 
-    A row is confirmed only by RabbitMQ's ack. A nack counts a failed attempt; a queue
-    RabbitMQ refuses to declare (say, declared elsewhere with other arguments) fails
-    that queue's rows; a lost connection, or no confirm within ``confirm_timeout``,
-    leaves every unconfirmed row pending and reports the broker unavailable.
+    A row is confirmed only by RabbitMQ's ack. A nack defers the row: RabbitMQ nacks
+    when it cannot take a message now (its queue's replica down or being elected, a full
+    queue that rejects publishes), never for the message itself, so the row backs off
+    without being parked. A queue RabbitMQ refuses to declare (say, declared elsewhere
+    with other arguments) fails that queue's rows; a lost connection, or no confirm within
+    ``confirm_timeout``, leaves every unconfirmed row pending and reports the broker
+    unavailable.
     """
 
     def __init__(
@@ -100,10 +103,15 @@ class RabbitmqPublisher:
         try:
             self._link.publish(batch, self.confirm_timeout)
         except Unavailable as exc:
-            return PublishOutcome(confirmed=batch.confirmed, failed={**failed, **batch.failed}, broker_error=str(exc))
+            return PublishOutcome(
+                confirmed=batch.confirmed,
+                failed={**failed, **batch.failed},
+                deferred=batch.deferred,
+                broker_error=str(exc),
+            )
         for queue_name in batch.unroutable_queues:
             self._link.declared.discard(queue_name)  # deleted behind our back: declare again next time
-        return PublishOutcome(confirmed=batch.confirmed, failed={**failed, **batch.failed})
+        return PublishOutcome(confirmed=batch.confirmed, failed={**failed, **batch.failed}, deferred=batch.deferred)
 
     def _declare(self, queue_names: list[str]) -> dict[str, str]:
         """Declare the queues not declared on this connection yet; return the refused ones with why."""
@@ -153,6 +161,9 @@ class _Batch:
         self.unsettled: dict[int, OutboxRow] = {}
         self.confirmed: list[int] = []
         self.failed: dict[int, str] = {}
+        #: Nacked rows: RabbitMQ could not take them now (a queue replica down or being
+        #: elected, a full queue with ``reject-publish``), never a fault of the message.
+        self.deferred: dict[int, str] = {}
         #: Message ids RabbitMQ returned as unroutable (their queue vanished), from the
         #: ``message_id`` property each message is published with.
         self.returned: set[str] = set()
@@ -170,7 +181,7 @@ class _Batch:
             if row is None:
                 continue
             if not acked:
-                self.failed[row.id] = f"RabbitMQ nacked the message on queue {row.queue_name!r}"
+                self.deferred[row.id] = f"RabbitMQ nacked the message on queue {row.queue_name!r}"
             elif self.unmatched_return or str(row.message_id) in self.returned:
                 # Acked after a return: nobody has it. Not the row's fault; it stays pending.
                 self.unroutable_queues.add(row.queue_name)

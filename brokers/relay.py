@@ -33,6 +33,7 @@ from sql.errors import DatabaseError
 from sql.pool import Database
 
 from . import metrics, tracing
+from .batches import PublishOutcome
 from .errors import BrokerUnavailable
 from .publish import Publisher
 
@@ -80,6 +81,8 @@ class BatchResult:
     published: int
     failed: int
     broker_error: str | None = None
+    #: Rows the broker turned away for now (they back off, never parked).
+    deferred: int = 0
 
 
 class Relay:
@@ -128,38 +131,65 @@ class Relay:
                 tracing.sent(span, len(outcome.confirmed), len(outcome.failed), outcome.broker_error)
             confirmed_after = time.monotonic() - claimed_at
             store.delete_published(conn, outbox.schema, outcome.confirmed)
-            self._record_failures(conn, outbox, rows, outcome.failed)
-        result = BatchResult(len(rows), len(outcome.confirmed), len(outcome.failed), outcome.broker_error)
-        self._observe(outbox, rows, outcome.confirmed, confirmed_after, result)
+            self._record_failures(conn, outbox, rows, outcome.failed, parks=True)
+            self._record_failures(conn, outbox, rows, outcome.deferred, parks=False)
+        result = BatchResult(
+            len(rows), len(outcome.confirmed), len(outcome.failed), outcome.broker_error, len(outcome.deferred)
+        )
+        self._observe(outbox, rows, outcome, confirmed_after, result)
         return result
 
     def _record_failures(
-        self, conn: psycopg.Connection[object], outbox: Outbox, rows: Sequence[store.OutboxRow], failed: dict[int, str]
+        self,
+        conn: psycopg.Connection[object],
+        outbox: Outbox,
+        rows: Sequence[store.OutboxRow],
+        failed: dict[int, str],
+        *,
+        parks: bool,
     ) -> None:
+        """Count an attempt for each of ``failed`` and back it off; park it at the limit if ``parks``."""
+        if not failed:
+            return
         attempts = {row.id: row.attempts for row in rows}
         for row_id, error in failed.items():
             backoff = min(self.config.attempt_backoff * 2 ** attempts[row_id], timedelta(minutes=1))
             store.record_publish_failure(
-                conn, outbox.schema, [row_id], error, max_attempts=self.config.max_attempts, backoff=backoff
+                conn,
+                outbox.schema,
+                [row_id],
+                error,
+                max_attempts=self.config.max_attempts if parks else None,
+                backoff=backoff,
             )
 
     def _observe(
         self,
         outbox: Outbox,
         rows: Sequence[store.OutboxRow],
-        confirmed: Sequence[int],
+        outcome: PublishOutcome,
         confirmed_after: float,
         result: BatchResult,
     ) -> None:
         service = outbox.schema
         metrics.PUBLISHED.labels(service).inc(result.published)
+        if result.failed or result.deferred:
+            metrics.PUBLISH_FAILED.labels(service).inc(result.failed + result.deferred)
         if result.failed:
-            metrics.PUBLISH_FAILED.labels(service).inc(result.failed)
-            logger.warning("relay %s: the broker refused %d row(s)", service, result.failed)
+            logger.warning(
+                "relay %s: the broker refused %d row(s): %s", service, result.failed, _reasons(outcome.failed)
+            )
+        if result.deferred:
+            logger.warning(
+                "relay %s: the broker turned away %d row(s) for now: %s",
+                service,
+                result.deferred,
+                _reasons(outcome.deferred),
+            )
         if result.broker_error:
             metrics.BROKER_UNAVAILABLE.labels(service).inc()
         latency = metrics.PUBLISH_LATENCY.labels(service)
-        done = set(confirmed)
+        done = set(outcome.confirmed)
         for row in rows:
             if row.id in done:
                 latency.observe(row.age_seconds + confirmed_after)
@@ -327,3 +357,9 @@ class _Listener(threading.Thread):
                 else:  # never let the listener thread die: the relay would only poll from then on
                     logger.exception("relay listener stopped by an unexpected error; polling until it is back")
                 self.stop.wait(pause)
+
+
+def _reasons(why: dict[int, str]) -> str:
+    """The distinct reasons in ``why``, the first three."""
+    reasons = sorted(set(why.values()))
+    return "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "")

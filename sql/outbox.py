@@ -301,10 +301,10 @@ def record_publish_failure(
     ids: Sequence[int],
     error: str,
     *,
-    max_attempts: int,
+    max_attempts: int | None,
     backoff: timedelta,
 ) -> None:
-    """Count a failed publish of ``ids``; a row reaching ``max_attempts`` becomes ``failed``."""
+    """Count a failed publish of ``ids``; a row reaching ``max_attempts`` (unless ``None``) becomes ``failed``."""
     if ids:
         conn.execute(
             query("record_publish_failure", schema),

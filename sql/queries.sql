@@ -209,10 +209,11 @@ SELECT id, pg_notify(%(channel)s, %(schema_name)s) FROM moved
 SELECT status FROM {schema}.outbox WHERE message_id = %(message_id)s
 
 -- record_publish_failure --
+-- A NULL max_attempts never parks the row (the broker turned it away for now).
 UPDATE {schema}.outbox
 SET attempts = attempts + 1,
     last_error = %(error)s,
-    status = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,
+    status = CASE WHEN attempts + 1 >= %(max_attempts)s::int THEN 'failed' ELSE 'pending' END,
     available_at = {schema}.clock_now() + %(backoff)s::interval
 WHERE id = ANY(%(ids)s::bigint[])
 

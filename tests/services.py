@@ -106,6 +106,24 @@ def rabbitmq_vhost(name: str = RUN_ID) -> Iterator[str]:
         _ctl(ctl, "delete_vhost", name)
 
 
+@contextmanager
+def rabbitmq_policy(url: str, pattern: str, definition: dict[str, Any]) -> Iterator[None]:
+    """A policy on ``url``'s vhost for the queues matching ``pattern``, cleared afterwards.
+
+    Needs ``rabbitmqctl`` (skips, or fails under CI, without it).
+    """
+    ctl = shutil.which("rabbitmqctl")
+    require("rabbitmqctl", ctl is not None, "not on PATH (needed to set a policy)")
+    assert ctl is not None
+    vhost = unquote(urlsplit(url).path[1:]) or "/"
+    name = f"estafeta-test-{uuid.uuid4().hex[:8]}"
+    _ctl(ctl, "set_policy", "-p", vhost, "--apply-to", "queues", name, pattern, json.dumps(definition))
+    try:
+        yield
+    finally:
+        _ctl(ctl, "clear_policy", "-p", vhost, name)
+
+
 def rabbitmq_queues(url: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """Every queue of ``url``'s vhost as the server holds it: name -> (type, arguments).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -17,8 +17,11 @@ from brokers import broker_from_url
 from brokers.publish import publisher_for, to_message
 from brokers.rabbitmq import RabbitmqPublisher
 from brokers.redis import RedisPublisher
+from brokers.relay import Outbox, Relay, RelayConfig
 from sql.outbox import OutboxRow
 
+from ..relay_support import SCHEMA, add
+from ..services import rabbitmq_policy
 from .relay_faults import consume_all
 
 pytestmark = pytest.mark.integration
@@ -98,6 +101,33 @@ def test_rabbitmq_refused_queue_fails_its_rows_and_holds_their_key(rabbitmq, amq
     finally:
         with pika.BlockingConnection(pika.URLParameters(amqp_url)) as conn:
             conn.channel().queue_delete("misdeclared")
+
+
+def test_a_row_rabbitmq_nacks_backs_off_and_is_never_parked_for_it(rabbitmq, amqp_url: str, runtime, conn) -> None:
+    # RabbitMQ nacks what it cannot take now: here a full queue that rejects publishes; a
+    # quorum queue whose replicas are down or electing a leader is nacked the same way.
+    # Not the row's fault: with one attempt allowed, it must still be pending after three
+    # nacks, and go out once the queue has room.
+    broker, publisher = rabbitmq
+    queue = f"relayfull_{uuid.uuid4().hex[:8]}"
+    relay = Relay(
+        [Outbox(SCHEMA, runtime.database(SCHEMA))],
+        publisher,
+        RelayConfig(max_attempts=1, attempt_backoff=timedelta(0)),
+    )
+    with rabbitmq_policy(amqp_url, f"^{queue}$", {"max-length": 1, "overflow": "reject-publish"}):
+        add(conn, "a", 1, queue=queue)
+        add(conn, "b", 1, queue=queue)
+        assert relay.drain_once() == 1
+        relay.drain_once()
+        relay.drain_once()
+        left = conn.execute("SELECT status, attempts, last_error FROM pingpong.outbox").fetchall()
+        assert [(status, attempts) for status, attempts, _ in left] == [("pending", 3)], left
+        assert "nacked" in left[0][2]
+        broker.declare_queue(queue)
+        first = consume_all(broker, queue)
+        assert relay.drain_once() == 1
+    assert sorted(m.args[0]["key"] for m in [*first, *consume_all(broker, queue)]) == ["a", "b"]
 
 
 def test_rabbitmq_queue_deleted_behind_the_relays_back_is_declared_again(rabbitmq, amqp_url: str) -> None:
