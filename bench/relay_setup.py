@@ -65,8 +65,13 @@ class Services:
         return {"rabbitmq": self.amqp_url, "redis": self.redis_url, "kafka": self.kafka_url}[broker]
 
     def env(self, broker_url: str, **extra: str) -> dict[str, str]:
-        """The environment of an ``estafeta`` process of this run."""
+        """The environment of an ``estafeta`` process of this run.
+
+        ``PYTHONPATH`` names this checkout, as ``bench.sagas`` does: run from a worktree,
+        the relays run the worktree's code, not the code the virtual environment installed.
+        """
         env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
+        env["PYTHONPATH"] = str(ROOT)
         return {**env, "ESTAFETA_DATABASE_URL": self.dsn, "ESTAFETA_BROKER_URL": broker_url, **extra}
 
 
