@@ -16,11 +16,12 @@ demo: $(STAMP)
 	$(BIN)/estafeta demo
 
 ## The suite: lint, types, layering, unit and integration tests (and the docs' code blocks),
-## all but the long runs marked heavy. As root it first installs the system packages the
-## suite needs (make system-deps).
+## all but the long runs marked heavy, in a process per core (pytest-xdist; each process has
+## a database, vhost and Redis namespace of its own). As root it first installs the system
+## packages the suite needs (make system-deps).
 test: $(STAMP) lint typecheck
 	@if [ "$$(id -u)" = 0 ]; then scripts/system-deps.sh; fi
-	$(BIN)/pytest -m "not heavy" --durations=15
+	$(BIN)/pytest -m "not heavy" -n auto --durations=15
 
 ## The long runs (volume under kills, clusters, failover, a pip install) but the network
 ## fault suite's; .ci/run runs them after make test, then make chaos-short: CI runs every
