@@ -73,6 +73,9 @@ def test_each_tick_fires_exactly_once_while_workers_and_relay_are_killed(
                 pool[victim] = worker()
                 kills["worker"] += 1
         print(kills)
+        # A downtime late in the run (or two drawn close together: one long downtime) may end
+        # as the run does: the restarted workers must fire its ticks before the pause.
+        _wait_until_caught_up(conn, timeout=60)
         schedules = [app.schedule(name) for name in SCHEDULES]
         scheduler = Scheduler(runtime, schedules)
         for schedule in schedules:
@@ -93,6 +96,22 @@ def test_each_tick_fires_exactly_once_while_workers_and_relay_are_killed(
 
 def _states(conn: psycopg.Connection[Any]) -> dict[str, schedule_store.ScheduleRow]:
     return {r.name: r for r in schedule_store.list_all(conn, "ticker") if r.name in SCHEDULES}
+
+
+def _wait_until_caught_up(conn: psycopg.Connection[Any], timeout: float) -> None:
+    """Until every schedule's next tick is in the future: the workers are up and fired what fell due."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        now: datetime = row[0]
+        states = _states(conn)
+        behind = {name: s.next_fire_at for name, s in states.items() if s.next_fire_at <= now}
+        if len(states) == len(SCHEDULES) and not behind:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the schedules did not catch up in {timeout} s: next ticks {behind} at {now}")
+        time.sleep(0.2)
 
 
 def _wait_until_processed(conn: psycopg.Connection[Any], timeout: float) -> None:
