@@ -112,10 +112,7 @@ def rabbitmq_policy(url: str, pattern: str, definition: dict[str, Any]) -> Itera
 
     Needs ``rabbitmqctl`` (skips, or fails under CI, without it).
     """
-    ctl = shutil.which("rabbitmqctl")
-    require("rabbitmqctl", ctl is not None, "not on PATH (needed to set a policy)")
-    assert ctl is not None
-    vhost = unquote(urlsplit(url).path[1:]) or "/"
+    ctl, vhost = _rabbitmqctl("to set a policy"), _vhost(url)
     name = f"estafeta-test-{uuid.uuid4().hex[:8]}"
     _ctl(ctl, "set_policy", "-p", vhost, "--apply-to", "queues", name, pattern, json.dumps(definition))
     try:
@@ -149,11 +146,21 @@ def rabbitmq_messages(url: str) -> dict[str, int]:
         return {name: int(channel.queue_declare(name, passive=True).method.message_count) for name in names}
 
 
-def _list_queues(url: str, *columns: str) -> list[dict[str, Any]]:
+def _rabbitmqctl(why: str) -> str:
+    """The path of ``rabbitmqctl`` (skips, or fails under CI, without it)."""
     ctl = shutil.which("rabbitmqctl")
-    require("rabbitmqctl", ctl is not None, "not on PATH (needed to read queue arguments)")
+    require("rabbitmqctl", ctl is not None, f"not on PATH (needed {why})")
     assert ctl is not None
-    vhost = unquote(urlsplit(url).path[1:]) or "/"
+    return ctl
+
+
+def _vhost(url: str) -> str:
+    """The vhost an AMQP URL names."""
+    return unquote(urlsplit(url).path[1:]) or "/"
+
+
+def _list_queues(url: str, *columns: str) -> list[dict[str, Any]]:
+    ctl, vhost = _rabbitmqctl("to read queue arguments"), _vhost(url)
     listed = subprocess.run(
         [ctl, "-q", "--formatter", "json", "list_queues", "-p", vhost, *columns],
         check=True, capture_output=True, text=True, timeout=60,
