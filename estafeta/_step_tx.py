@@ -47,6 +47,9 @@ class Opened:
     attempts: int
     #: ``False``: the inbox already had the message (a duplicate).
     first: bool
+    #: An earlier delivery died unfinished and this one was not counted: it must run alone
+    #: (``begin``'s ``alone``). Its transaction is to be rolled back, its work not done.
+    suspect: bool = False
 
 
 @attrs.frozen
@@ -70,6 +73,8 @@ def begin(
     lock_timeout_ms: int,
     wake_after_commit: bool = False,
     uncounted: Uncounted = Uncounted(),
+    alone: bool = True,
+    copies: int = 1,
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
@@ -90,6 +95,11 @@ def begin(
     transaction, a row written and deleted, are skipped. Should it kill its worker, RabbitMQ
     hands it on marked redelivered, and that delivery is counted and reports one more: the
     first. ``uncounted.before`` is added to the count returned.
+
+    ``alone`` is ``False`` for a delivery sharing its process with others: it is counted only
+    if the count is below ``copies`` (the copies of the message Dramatiq sent: its retries
+    + 1). Otherwise an earlier delivery died unfinished, of this message or of one beside
+    it, and the delivery comes back ``suspect``, uncounted, to be run again alone.
     """
     with conn.pipeline():
         if conn.autocommit:
@@ -97,9 +107,8 @@ def begin(
         if uncounted.this_one:
             counted = None
         else:
-            counted = conn.execute(
-                query("count_attempt", schema), inbox.attempt_params(consumer, message_id, lock_timeout_ms)
-            )
+            params = inbox.attempt_params(consumer, message_id, lock_timeout_ms, alone=alone, copies=copies)
+            counted = conn.execute(query("count_attempt", schema), params)
             conn.execute("COMMIT")
             conn.execute("BEGIN")
         # The inbox record's statement sets the transaction's wake-up policy too.
@@ -119,7 +128,8 @@ def begin(
         attempts = 1
     else:
         row = counted.fetchone()
-        assert row is not None
+        if row is None:
+            return Opened(attempts=0, first=recorded.rowcount == 1, suspect=True)
         attempts = int(row[0])
     return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1)
 

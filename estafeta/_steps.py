@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import random
 import time
@@ -31,6 +32,7 @@ from . import _metrics as metrics
 from . import _observe as observe
 from . import _outbox as outbox
 from . import _step_tx as step_tx
+from ._alone import DELIVERIES
 from ._errors import BusinessFailure, InvalidMessage, RoutingError
 from ._events import ConcurrencyConflict, EventMetadata, EventStore
 from ._locks import HeldLock, PostgresLocks
@@ -279,6 +281,44 @@ def _run(
     payload: dict[str, Any],
     seen: observe.Seen,
 ) -> Outcome:
+    """Run the delivery beside the process's others, or alone if an earlier one died unfinished.
+
+    A kill is counted against every message in flight in the process it kills. So a message
+    whose earlier delivery died is a suspect, and runs alone (``estafeta._alone``): killing
+    its process then, it is counted, and a message that was only beside the killer is not.
+    RabbitMQ says so up front (the ``redelivered`` flag); elsewhere the count does, having
+    more deliveries than Dramatiq sent copies (``_step_tx.begin``).
+    """
+    run = functools.partial(_run_once, spec, runtime, database, message, message_id, command, payload, seen)
+    if getattr(message, "redelivered", None) is not True:
+        try:
+            with DELIVERIES.shared():
+                return run(alone=False)
+        except _Suspect:
+            pass
+    logger.info(
+        "%s: an earlier delivery of %s died unfinished: it runs alone in its process", spec.actor_name, message_id
+    )
+    with DELIVERIES.alone():
+        return run(alone=True)
+
+
+class _Suspect(Exception):
+    """A delivery that must run alone (``_step_tx.Opened.suspect``)."""
+
+
+def _run_once(
+    spec: StepSpec,
+    runtime: Runtime,
+    database: Database,
+    message: dramatiq.Message[Any],
+    message_id: uuid.UUID,
+    command: Any,
+    payload: dict[str, Any],
+    seen: observe.Seen,
+    *,
+    alone: bool,
+) -> Outcome:
     # A PostgreSQL lock is part of the first pipeline's inbox statement, taken only for a new
     # message; a Redis lease is taken after it, for a new message too: a duplicate never
     # waits for the lock. Either is released after the transaction has ended, whichever way.
@@ -289,7 +329,12 @@ def _run(
         translate_errors(database.description),
         step_tx.rolled_back_on_error(conn),
     ):
-        opened = _begin(spec, runtime, conn, message_id, command, in_transaction_lock, _uncounted(message))
+        copies = int(message.options.get("retries", 0)) + 1
+        opened = _begin(
+            spec, runtime, conn, message_id, command, in_transaction_lock, _uncounted(message), alone, copies
+        )
+        if opened.suspect:
+            raise _Suspect
         seen.attempt = opened.attempts
         if opened.attempts > runtime.settings.max_deliveries:
             raise _Overdelivered(opened.attempts)
@@ -351,11 +396,14 @@ def _begin(
     command: Any,
     in_transaction_lock: bool,
     uncounted: step_tx.Uncounted,
+    alone: bool,
+    copies: int,
 ) -> step_tx.Opened:
     """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
 
     A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
-    ``uncounted``: the deliveries no count holds (:func:`_uncounted`).
+    ``uncounted``: the deliveries no count holds (:func:`_uncounted`); ``alone`` and
+    ``copies``: when the count holds a suspect back (``step_tx.begin``).
     """
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
@@ -368,6 +416,8 @@ def _begin(
             lock_timeout_ms=timeout_ms,
             wake_after_commit=runtime.wakes_after_commit,
             uncounted=uncounted,
+            alone=alone,
+            copies=copies,
         )
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
@@ -382,6 +432,8 @@ def _begin(
             lock_timeout_ms=runtime.locks.timeout_ms,
             wake_after_commit=runtime.wakes_after_commit,
             uncounted=uncounted,
+            alone=alone,
+            copies=copies,
         )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()

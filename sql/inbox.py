@@ -49,10 +49,17 @@ def count_attempt(
     return int(row[0])
 
 
-def attempt_params(consumer: str, message_id: uuid.UUID, lock_timeout_ms: int | None) -> dict[str, Any]:
-    """The parameters of ``count_attempt`` and ``record_inbox_and_lock`` (``None``: no lock timeout)."""
+def attempt_params(
+    consumer: str, message_id: uuid.UUID, lock_timeout_ms: int | None, *, alone: bool = True, copies: int = 1
+) -> dict[str, Any]:
+    """The parameters of ``count_attempt`` and ``record_inbox_and_lock`` (``None``: no lock timeout).
+
+    ``alone``: count the delivery whatever the count holds; otherwise only while the count is
+    below ``copies``, the copies of the message delivered so far (see ``count_attempt`` in
+    ``sql/queries.sql``).
+    """
     timeout = f"{lock_timeout_ms}ms" if lock_timeout_ms is not None else "0"
-    return {"consumer": consumer, "message_id": message_id, "lock_timeout": timeout}
+    return {"consumer": consumer, "message_id": message_id, "lock_timeout": timeout, "alone": alone, "copies": copies}
 
 
 def record_forgetting_attempts(

@@ -277,12 +277,17 @@ ON CONFLICT DO NOTHING
 -- (record_inbox_*): this insert waits for it to end, then finds it committed (this copy is
 -- a duplicate) or rolled back. lock_timeout bounds that wait; a copy that gives up has
 -- counted nothing (the volatile subquery is evaluated before the insert can wait).
+-- Unless %(alone)s, a delivery beyond the copies Dramatiq sent (%(copies)s: its retries + 1)
+-- is not counted and no row comes back: an earlier delivery died unfinished, and this one
+-- is a suspect, counted when it runs alone in its process (estafeta._steps._run), so that
+-- a message in flight beside the one that killed the process is not blamed for the kill.
 INSERT INTO {schema}.inbox_attempts (consumer, message_id)
 SELECT %(consumer)s, %(message_id)s
 FROM (SELECT set_config('synchronous_commit', 'off', true),
              set_config('lock_timeout', %(lock_timeout)s, true)) AS asynchronous_commit
 ON CONFLICT (consumer, message_id)
     DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = {schema}.clock_now()
+    WHERE %(alone)s::boolean OR inbox_attempts.attempts < %(copies)s::int
 RETURNING attempts
 
 -- record_inbox_forgetting_attempts --

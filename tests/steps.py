@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from collections import Counter
 
@@ -109,8 +110,52 @@ class Crash:
     """Kill the worker process that runs it, with SIGKILL (as an OOM kill or a segfault would)."""
 
     ping_id: uuid.UUID
+    #: Seconds of work before the kill: a message started beside it is in flight by then.
+    after_s: float = 0.0
 
 
 @SERVICE.step(Crash, name="test_crash")
 def crash(ctx: StepContext, command: Crash) -> None:
+    time.sleep(command.after_s)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@attrs.frozen
+class Linger:
+    """Record a ping and send its pong after ``seconds``: a slow message, in flight beside the others."""
+
+    ping_id: uuid.UUID
+    seconds: float
+
+
+@SERVICE.step(Linger, name="test_linger")
+def linger(ctx: StepContext, command: Linger) -> None:
+    time.sleep(command.seconds)
+    _record_and_send(ctx, command.ping_id)
+
+
+@attrs.frozen
+class Hold:
+    """Record a ping once ``release(ping_id)`` is called (in this process): a delivery kept in flight."""
+
+    ping_id: uuid.UUID
+
+
+#: Set by ``release``; what ``probe.test_hold`` waits for, per ping id.
+_RELEASED: dict[uuid.UUID, threading.Event] = {}
+#: Set when a delivery of ``probe.test_hold`` has started, per ping id.
+HOLDING: dict[uuid.UUID, threading.Event] = {}
+
+
+def held(ping_id: uuid.UUID) -> tuple[threading.Event, threading.Event]:
+    """The events of a ``Hold``: (started, released); set the second to let it finish."""
+    return HOLDING.setdefault(ping_id, threading.Event()), _RELEASED.setdefault(ping_id, threading.Event())
+
+
+@SERVICE.step(Hold, name="test_hold")
+def hold(ctx: StepContext, command: Hold) -> None:
+    started, released = held(command.ping_id)
+    started.set()
+    if not released.wait(timeout=60):
+        raise TimeoutError(f"hold {command.ping_id} never released")
+    _record_and_send(ctx, command.ping_id)

@@ -12,6 +12,7 @@ import pytest
 
 from actors.pingpong import Ping
 from estafeta import Runtime, deliver
+from estafeta._alone import DELIVERIES, Gate
 from sql import inbox
 from tests.app import STEPS
 
@@ -19,12 +20,13 @@ from .events.test_wakeups import Heard
 from .helpers import as_rabbitmq_delivers, message_for, now, scalar, wait_until
 from .integration import processes
 from .probe import SERVICE as probe
-from .steps import ATTEMPTS, SENT, Crash, Explode, Refuse, SendThree
+from .steps import ATTEMPTS, SENT, Crash, Explode, Hold, Refuse, SendThree, held
 
 PING = STEPS["pingpong.ping"]
 EXPLODE = STEPS["probe.test_explode"]
 REFUSE = STEPS["probe.test_refuse"]
 SEND_THREE = STEPS["probe.test_send_three"]
+HOLD = STEPS["probe.test_hold"]
 
 
 def test_a_step_s_sends_commit_in_the_order_sent_and_a_cancel_in_the_same_step_finds_its_message(
@@ -95,6 +97,81 @@ def test_a_first_delivery_on_rabbitmq_is_not_counted_and_a_message_that_keeps_dy
         assert "delivered 3 times without finishing" in letter["reason"]
     finally:
         limited.close()
+
+
+def test_a_delivery_after_one_that_died_is_counted_only_once_it_runs_alone(runtime: Runtime, conn) -> None:
+    # A kill is counted against every message in flight in the process it kills. So a copy
+    # delivered again after a delivery that did not finish (here it raised; SIGKILLs in the
+    # heavy tests) waits, uncounted, until nothing else runs in its process, then is counted
+    # and runs alone: had it died waiting, the kill would not have been its own.
+    holder = uuid.uuid4()
+    started, released = held(holder)
+    beside = threading.Thread(target=deliver, args=(HOLD, runtime, message_for("probe.test_hold", Hold(holder))))
+    beside.start()
+    suspect: list[BaseException] = []
+    again: threading.Thread | None = None
+    try:
+        assert started.wait(timeout=30), "the held delivery never started"
+        ping_id = uuid.uuid4()
+        message = message_for("probe.test_explode", Explode(ping_id))
+        with pytest.raises(RuntimeError, match="boom"):
+            deliver(EXPLODE, runtime, message)  # beside the held one: counted
+        assert scalar(conn, "SELECT attempts FROM probe.inbox_attempts") == 1
+
+        def deliver_again() -> None:
+            try:
+                deliver(EXPLODE, runtime, message)
+            except BaseException as exc:
+                suspect.append(exc)
+
+        again = threading.Thread(target=deliver_again)
+        again.start()
+        wait_until(lambda: DELIVERIES.waiting_alone == 1, timeout=30, what="the suspect waiting to run alone")
+        assert scalar(conn, "SELECT attempts FROM probe.inbox_attempts") == 1
+        assert ATTEMPTS[ping_id] == 1
+    finally:
+        released.set()
+        beside.join(timeout=30)
+        if again is not None:
+            again.join(timeout=30)
+    assert scalar(conn, "SELECT count(*) FROM probe.pings WHERE ping_id = %s", holder) == 1
+    (error,) = suspect
+    assert "boom on attempt 2" in str(error)
+    assert scalar(conn, "SELECT attempts FROM probe.inbox_attempts") == 2
+
+
+def test_a_suspect_waiting_to_run_alone_keeps_new_deliveries_out_until_it_has_run() -> None:
+    gate = Gate()
+    order: list[str] = []
+    running = threading.Event()
+    finish = threading.Event()
+
+    def first() -> None:
+        with gate.shared():
+            running.set()
+            finish.wait(timeout=30)
+            order.append("first")
+
+    def suspect() -> None:
+        with gate.alone(), gate.shared():  # a thread inside passes its own gate
+            order.append("suspect")
+
+    def later() -> None:
+        with gate.shared():
+            order.append("later")
+
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    assert running.wait(timeout=30)
+    threads.append(threading.Thread(target=suspect))
+    threads[1].start()
+    wait_until(lambda: gate.waiting_alone == 1, timeout=30, what="the suspect waiting")
+    threads.append(threading.Thread(target=later))
+    threads[2].start()
+    finish.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert order == ["first", "suspect", "later"]
 
 
 def test_a_retried_copy_on_rabbitmq_counts_the_copies_before_it(runtime: Runtime, conn) -> None:

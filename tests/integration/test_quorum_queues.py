@@ -38,7 +38,7 @@ from sql.outbox import OutboxRow
 from ..helpers import scalar, wait_until
 from ..probe import SERVICE as probe
 from ..services import rabbitmq_messages, rabbitmq_queues, rabbitmq_vhost
-from ..steps import Crash, Explode
+from ..steps import Crash, Explode, Linger
 from . import processes
 from .processes import BIN, ROOT, service_env
 
@@ -340,6 +340,8 @@ def _processed(conn: psycopg.Connection[Any], pings: list[uuid.UUID]) -> int:
 
 
 def _died_or_done(workers: processes.Process, conn: psycopg.Connection[Any], pings: list[uuid.UUID]) -> bool:
+    parked = inbox.list_dead_letters(conn, "probe")
+    assert len(parked) <= 1, f"more than the killer parked: {[letter['consumer'] for letter in parked]}"
     return workers.popen.poll() is not None or _processed(conn, pings) == len(pings)
 
 
@@ -351,7 +353,9 @@ def test_a_message_that_kills_its_worker_is_parked_by_the_inbox_not_dead_lettere
 
     RabbitMQ delivers the killer again to each restarted worker; the inbox counts the
     deliveries and parks it at the third (``ESTAFETA_MAX_DELIVERIES=2``), with its reason,
-    before RabbitMQ's limit would move it to ``probe.XQ`` where no operator looks.
+    before RabbitMQ's limit would move it to ``probe.XQ`` where no operator looks. A slow
+    message in flight beside the killer at both kills is redelivered too, runs alone, and
+    is processed: neither the inbox nor RabbitMQ parks it.
     """
     env = service_env(
         database_url,
@@ -362,16 +366,17 @@ def test_a_message_that_kills_its_worker_is_parked_by_the_inbox_not_dead_lettere
     )
     pings = [uuid.uuid4() for _ in range(10)]
     with conn.transaction():
-        probe.send(conn, Crash(uuid.uuid4()))
-        for ping in pings:
+        # The killer works half a second first; the message after it, started beside it by
+        # the second thread, is still at work then (3 s): in flight at both kills.
+        probe.send(conn, Crash(uuid.uuid4(), after_s=0.5))
+        probe.send(conn, Linger(pings[0], seconds=3))
+        for ping in pings[1:]:
             probe.send(conn, Explode(ping, times=0))
     killed = 0
     with processes.running(processes.relay(env, tmp_path)):
         while _processed(conn, pings) < len(pings):
             assert killed <= 2, "the message was not parked after ESTAFETA_MAX_DELIVERIES"
-            # One thread: only the killer is ever in hand when it kills the process. With two, a
-            # ping started beside it twice is (rightly) parked too, and the test waits for it.
-            workers = processes.workers(env, tmp_path, module="tests.worker", threads=1)
+            workers = processes.workers(env, tmp_path, module="tests.worker", threads=2)
             with processes.running(workers):
                 wait_until(
                     functools.partial(_died_or_done, workers, conn, pings),
