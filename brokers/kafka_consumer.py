@@ -22,14 +22,10 @@ again from the committed offset. Messages fetched but not yet handed over are dr
 at once. A lost partition (the session expired) commits nothing.
 
 A record that kills its worker (SIGKILL, OOM) comes back first after the restart: offsets
-never move past it. The inbox counts its deliveries and parks it (``ESTAFETA_MAX_DELIVERIES``),
-but it counts the records that ran beside it too, and in a partition's fixed order the same
-neighbours would run beside it every time, and be parked with it. So a newly assigned
-partition starts on probation: its first ``prefetch`` records (as many as its previous owner
-can have had unfinished when it died) run one at a time, each after the last finished; a
-killer among them then dies alone, and its neighbours are counted at most once for it. A
-record that is still running after ``PROBATION_WAIT`` seconds ends its partition's probation
-(a long step, not a quick killer): one slow record never holds a partition's others back.
+never move past it. The inbox counts its deliveries and parks it (``ESTAFETA_MAX_DELIVERIES``);
+in a partition's fixed order the same neighbours run beside it every time, and a delivery
+after one that died runs alone in its process (``estafeta._steps._run``), so they are not
+parked with it.
 """
 
 from __future__ import annotations
@@ -59,8 +55,6 @@ logger = logging.getLogger(__name__)
 POLL_SLICE = 0.05
 #: Seconds at the prefetch limit before the partitions are paused (and polled again).
 PAUSE_AFTER = 2.0
-#: Seconds a record on probation runs alone before the rest of its partition may run beside it.
-PROBATION_WAIT = 2.0
 #: Commits are batched: at most one per partition set this often.
 COMMIT_INTERVAL = 0.1
 #: Commit errors that mean "a rebalance is under way": the revoke callback commits instead.
@@ -109,12 +103,6 @@ class KafkaConsumer(dramatiq.Consumer):
         self.buffer: deque[KafkaMessage] = deque()
         self.handed_over: queue.SimpleQueue[KafkaMessage] = queue.SimpleQueue()
         self.paused = False
-        #: Per partition on probation: records still to finish, each run alone (see the module's docstring).
-        self.probation: dict[int, int] = {}
-        #: Per partition: messages handed to Dramatiq and not finished yet.
-        self.running: Counter[int] = Counter()
-        #: Per partition on probation: when its running record was handed over (``time.monotonic``).
-        self.alone_since: dict[int, float] = {}
         #: When the prefetch limit was reached (``None``: below it).
         self.full_since: float | None = None
         self.closing = False
@@ -172,9 +160,8 @@ class KafkaConsumer(dramatiq.Consumer):
         while True:
             self._settle()
             self._commit(force=False)
-            message = self._take()
-            if message is not None:
-                return message
+            if self.buffer:
+                return self.buffer.popleft()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
@@ -199,21 +186,6 @@ class KafkaConsumer(dramatiq.Consumer):
             logger.warning("closing the consumer of %s: %s", self.topic, exc)
 
     # -- receiving --------------------------------------------------------------
-
-    def _take(self) -> KafkaMessage | None:
-        """The first fetched message that may run now: a partition on probation runs one at a time."""
-        now = time.monotonic()
-        for index, message in enumerate(self.buffer):
-            partition = message.kafka_partition
-            if partition in self.probation and self.running[partition]:
-                if now - self.alone_since.get(partition, now) < PROBATION_WAIT:
-                    continue
-                del self.probation[partition]  # a slow record, not a quick killer: the partition runs freely
-            del self.buffer[index]
-            self.running[partition] += 1
-            self.alone_since[partition] = now
-            return message
-        return None
 
     def _fetch(self, wait: float) -> list[Message]:
         """What librdkafka has fetched, up to the prefetch; else wait up to ``wait`` for one record.
@@ -322,14 +294,6 @@ class KafkaConsumer(dramatiq.Consumer):
             # Only under the assignment it came from: after a revoke, the new owner decides.
             if self.partitions.get(message.kafka_partition) is message._offsets:
                 message._offsets.finished(message.kafka_offset)
-                self._finished_running(message.kafka_partition)
-
-    def _finished_running(self, partition: int) -> None:
-        self.running[partition] -= 1
-        if partition in self.probation:
-            self.probation[partition] -= 1
-            if self.probation[partition] <= 0:
-                del self.probation[partition]
 
     def _commit(self, *, force: bool, partitions: list[int] | None = None) -> None:
         now = time.monotonic()
@@ -357,10 +321,6 @@ class KafkaConsumer(dramatiq.Consumer):
     def _on_assign(self, _consumer: Consumer, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             self.partitions[tp.partition] = PartitionOffsets(tp.partition)
-            self.running[tp.partition] = 0
-            # A delay queue's consumer only moves messages on when they fall due: it runs no step.
-            if not self.queue_name.endswith(".DQ"):
-                self.probation[tp.partition] = self.prefetch
         self.paused = False  # new partitions start fetching; flow control pauses them again if need be
         logger.info("%s: assigned partitions %s", self.topic, sorted(tp.partition for tp in assigned))
 
@@ -375,7 +335,6 @@ class KafkaConsumer(dramatiq.Consumer):
         self._commit(force=True, partitions=list(owned))
         for p in owned:
             del self.partitions[p]
-            self.probation.pop(p, None)
         logger.info("%s: revoked partitions %s", self.topic, sorted(numbers))
 
     def _wait_for_handed_over(self, owned: dict[int, PartitionOffsets], dropped: Counter[int]) -> None:
@@ -405,7 +364,6 @@ class KafkaConsumer(dramatiq.Consumer):
         self.buffer = deque(m for m in self.buffer if m.kafka_partition not in numbers)
         for p in numbers:
             self.partitions.pop(p, None)
-            self.probation.pop(p, None)
         logger.warning(
             "%s: lost partitions %s (session expired); their unfinished messages come again",
             self.topic,
