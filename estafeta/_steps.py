@@ -239,7 +239,8 @@ def _deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], s
     except InvalidMessage as exc:
         return _park(spec, database, message_id, str(message_id), raw, str(exc))
     try:
-        outcome = _run(spec, runtime, database, message, message_id, command, payload, seen)
+        run = functools.partial(_run, spec, runtime, database, message, message_id, command, payload, seen)
+        outcome = _beside_or_alone(spec, message, message_id, run)
     except _Overdelivered as over:
         reason = f"delivered {over.attempts} times without finishing (does it kill its worker?)"
         return _park(spec, database, message_id, str(message_id), raw, reason)
@@ -271,17 +272,10 @@ def _decode(spec: StepSpec, message: dramatiq.Message[Any]) -> tuple[Any, dict[s
     return from_json(spec.handles, payload), payload
 
 
-def _run(
-    spec: StepSpec,
-    runtime: Runtime,
-    database: Database,
-    message: dramatiq.Message[Any],
-    message_id: uuid.UUID,
-    command: Any,
-    payload: dict[str, Any],
-    seen: observe.Seen,
+def _beside_or_alone(
+    spec: StepSpec, message: dramatiq.Message[Any], message_id: uuid.UUID, run: Callable[..., Outcome]
 ) -> Outcome:
-    """Run the delivery beside the process's others, or alone if an earlier one died unfinished.
+    """``run`` the delivery beside the process's others, or alone if an earlier one died unfinished.
 
     A kill is counted against every message in flight in the process it kills. So a message
     whose earlier delivery died is a suspect, and runs alone (``estafeta._alone``): killing
@@ -289,7 +283,6 @@ def _run(
     RabbitMQ says so up front (the ``redelivered`` flag); elsewhere the count does, having
     more deliveries than Dramatiq sent copies (``_step_tx.begin``).
     """
-    run = functools.partial(_run_once, spec, runtime, database, message, message_id, command, payload, seen)
     if getattr(message, "redelivered", None) is not True:
         try:
             with DELIVERIES.shared():
@@ -307,7 +300,7 @@ class _Suspect(Exception):
     """A delivery that must run alone (``_step_tx.Opened.suspect``)."""
 
 
-def _run_once(
+def _run(
     spec: StepSpec,
     runtime: Runtime,
     database: Database,
