@@ -304,7 +304,11 @@ def record_publish_failure(
     max_attempts: int | None,
     backoff: timedelta,
 ) -> None:
-    """Count a failed publish of ``ids``; a row reaching ``max_attempts`` (unless ``None``) becomes ``failed``."""
+    """Count a failed publish of ``ids``; a row refused ``max_attempts`` times becomes ``failed``.
+
+    ``max_attempts=None``: the broker turned the rows away for now (a deferral): counted for
+    their backoff, never toward parking them.
+    """
     if ids:
         conn.execute(
             query("record_publish_failure", schema),

@@ -209,11 +209,13 @@ SELECT id, pg_notify(%(channel)s, %(schema_name)s) FROM moved
 SELECT status FROM {schema}.outbox WHERE message_id = %(message_id)s
 
 -- record_publish_failure --
--- A NULL max_attempts never parks the row (the broker turned it away for now).
+-- A NULL max_attempts never parks the row: the broker turned it away for now, and the
+-- attempt is a deferral. Only refusals (attempts - deferrals) count toward parking.
 UPDATE {schema}.outbox
 SET attempts = attempts + 1,
+    deferrals = deferrals + (%(max_attempts)s::int IS NULL)::int,
     last_error = %(error)s,
-    status = CASE WHEN attempts + 1 >= %(max_attempts)s::int THEN 'failed' ELSE 'pending' END,
+    status = CASE WHEN attempts + 1 - deferrals >= %(max_attempts)s::int THEN 'failed' ELSE 'pending' END,
     available_at = {schema}.clock_now() + %(backoff)s::interval
 WHERE id = ANY(%(ids)s::bigint[])
 
@@ -225,7 +227,7 @@ WHERE status = 'pending' AND available_at > {schema}.clock_now()
 
 -- retry_failed --
 UPDATE {schema}.outbox
-SET status = 'pending', attempts = 0, available_at = {schema}.clock_now()
+SET status = 'pending', attempts = 0, deferrals = 0, available_at = {schema}.clock_now()
 WHERE status = 'failed' AND (%(id)s::bigint IS NULL OR id = %(id)s::bigint)
 RETURNING id
 

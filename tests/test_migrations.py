@@ -28,6 +28,7 @@ OUTBOX_COLUMNS = {
     "ordering_key": "text", "saga_id": "uuid", "created_at": "timestamp with time zone",
     "available_at": "timestamp with time zone", "attempts": "integer", "last_error": "text", "status": "text",
     "message_type": "text",
+    "deferrals": "integer",
 }  # fmt: skip
 INBOX_COLUMNS = {"consumer": "text", "message_id": "uuid", "processed_at": "timestamp with time zone"}
 

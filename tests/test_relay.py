@@ -106,6 +106,24 @@ def test_a_failing_head_holds_back_only_its_key(conn, runtime: Runtime, stub_bro
     assert failed_id > 0
 
 
+def test_a_row_deferred_through_an_outage_is_parked_after_its_refusals_only(conn) -> None:
+    # A broker that turned the row away for now (a RabbitMQ nack) defers it: its backoff
+    # grows, but after a long outage its first refusal must not park it at once.
+    add(conn, "a", 0)
+    (row_id,) = [r[0] for r in conn.execute("SELECT id FROM pingpong.outbox").fetchall()]
+
+    def fail(error: str, max_attempts: int | None) -> tuple[str, int, int]:
+        store.record_publish_failure(conn, SCHEMA, [row_id], error, max_attempts=max_attempts, backoff=timedelta(0))
+        return conn.execute("SELECT status, attempts, deferrals FROM pingpong.outbox").fetchone()
+
+    for _ in range(5):
+        fail("nacked", None)
+    assert fail("refused", 2) == ("pending", 6, 5)
+    assert fail("refused", 2) == ("failed", 7, 5)
+    assert store.retry_failed(conn, SCHEMA) == [row_id]
+    assert conn.execute("SELECT status, attempts, deferrals FROM pingpong.outbox").fetchone() == ("pending", 0, 0)
+
+
 def test_a_delayed_row_waits_in_the_outbox_without_holding_back_its_key(conn, relay: Relay, stub_broker, queue):
     add(conn, "a", 0, delay=timedelta(hours=1))
     add(conn, "a", 1)
