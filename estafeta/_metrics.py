@@ -28,6 +28,10 @@ LOCK_WAIT = Histogram(
 )
 #: Lock waits that ran out (``ESTAFETA_LOCK_TIMEOUT_MS``): the delivery is retried later.
 LOCK_TIMEOUTS = Counter("estafeta_lock_timeouts", "Step lock waits that timed out", ["actor"])
+#: Deliveries after one that died unfinished, run alone in their process (``estafeta._alone``).
+ALONE = Counter(
+    "estafeta_step_deliveries_alone", "Step deliveries run alone after an earlier delivery died unfinished", ["actor"]
+)
 
 
 def observe_delivery(actor: str, outcome: str, seconds: float) -> None:

@@ -292,6 +292,7 @@ def _beside_or_alone(
     logger.info(
         "%s: an earlier delivery of %s died unfinished: it runs alone in its process", spec.actor_name, message_id
     )
+    metrics.ALONE.labels(spec.actor_name).inc()
     with DELIVERIES.alone():
         return run(alone=True)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from prometheus_client import REGISTRY
 
 from actors.pingpong import Ping
 from estafeta import Runtime, deliver
@@ -104,6 +105,7 @@ def test_a_delivery_after_one_that_died_is_counted_only_once_it_runs_alone(runti
     # delivered again after a delivery that did not finish (here it raised; SIGKILLs in the
     # heavy tests) waits, uncounted, until nothing else runs in its process, then is counted
     # and runs alone: had it died waiting, the kill would not have been its own.
+    alone_before = REGISTRY.get_sample_value("estafeta_step_deliveries_alone_total", {"actor": EXPLODE.actor_name})
     holder = uuid.uuid4()
     started, released = held(holder)
     beside = threading.Thread(target=deliver, args=(HOLD, runtime, message_for("probe.test_hold", Hold(holder))))
@@ -138,6 +140,8 @@ def test_a_delivery_after_one_that_died_is_counted_only_once_it_runs_alone(runti
     (error,) = suspect
     assert "boom on attempt 2" in str(error)
     assert scalar(conn, "SELECT attempts FROM probe.inbox_attempts") == 2
+    alone = REGISTRY.get_sample_value("estafeta_step_deliveries_alone_total", {"actor": EXPLODE.actor_name})
+    assert (alone or 0) - (alone_before or 0) == 1
 
 
 def test_a_suspect_waiting_to_run_alone_keeps_new_deliveries_out_until_it_has_run() -> None:
