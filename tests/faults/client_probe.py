@@ -129,6 +129,13 @@ def _ping(broker: Any) -> None:
         broker.channel.queue_declare("probe", durable=True, passive=True)
 
 
+def _say(answer: dict[str, Any]) -> None:
+    """Print ``answer`` as one line in one write: stderr shares the pipe, and a log line another
+    thread wrote between ``print``'s text and its newline once glued itself to an answer."""
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints where a hung client waits
     kind, url = sys.argv[1], sys.argv[2]
@@ -141,7 +148,7 @@ def main() -> None:
         kafka_config.ClientLog.__init__.__defaults__ = (0.0,)
         kind = "kafka"
     run = _postgres(url) if kind == "postgres" else _relay(url) if kind == "relay" else _broker(url)
-    print(json.dumps({"command": "ready", "ok": True}), flush=True)
+    _say({"command": "ready", "ok": True})
     for line in sys.stdin:
         command, _, argument = line.strip().partition(" ")
         started = time.monotonic()
@@ -157,7 +164,7 @@ def main() -> None:
         answer = {"command": command, "ok": error is None, "seconds": time.monotonic() - started, "error": error}
         if detail is not None:
             answer["detail"] = detail
-        print(json.dumps(answer), flush=True)
+        _say(answer)
 
 
 if __name__ == "__main__":
