@@ -56,10 +56,14 @@ def test_every_saga_ends_with_each_service_on_its_own_server(amqp_url: str, tmp_
             run.stop_projector()
         print(report, run.connected)
         first, second = report["kills"]
-        # Killed with sagas in flight, then again once half had ended (the second kill aims at
-        # compensating sagas; on 100 orders they may all have ended between the look and the kill).
+        # Killed with sagas in flight (running or compensating: on a fast day only compensating
+        # ones were left at the first kill, and the report leaves out states with none), then
+        # again once half had ended (the second kill aims at compensating sagas; on 100 orders
+        # they may all have ended between the look and the kill).
+        in_flight_at_first = first.get("running", 0) + first.get("compensating", 0)
         ended_at_second = second.get("completed", 0) + second.get("compensated", 0) + second.get("failed", 0)
-        assert first["running"] > 0 and first["relay_killed"] and ended_at_second >= plan.orders // 2, second
+        assert in_flight_at_first > 0 and first["relay_killed"], first
+        assert ended_at_second >= plan.orders // 2, second
         assert report["orders"] == plan.orders
         assert set(report["sagas"]) <= {"completed", "compensated"}, report["sagas"]
         assert report["reconciled"] is True, report["mismatches"]
