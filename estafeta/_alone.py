@@ -1,4 +1,4 @@
-"""A worker process's deliveries run side by side; a suspect runs alone (``estafeta._steps._run``).
+"""A worker process's deliveries run side by side; a suspect runs alone (``estafeta._steps._beside_or_alone``).
 
 A message whose earlier delivery died unfinished may be the one that kills its process (an
 OOM kill, a segfault), or may only have been in flight beside it. Run alone, it cannot be

@@ -281,7 +281,7 @@ ON CONFLICT DO NOTHING
 -- counted nothing (the volatile subquery is evaluated before the insert can wait).
 -- Unless %(alone)s, a delivery beyond the copies Dramatiq sent (%(copies)s: its retries + 1)
 -- is not counted and no row comes back: an earlier delivery died unfinished, and this one
--- is a suspect, counted when it runs alone in its process (estafeta._steps._run), so that
+-- is a suspect, counted when it runs alone in its process (estafeta._steps._beside_or_alone), so that
 -- a message in flight beside the one that killed the process is not blamed for the kill.
 INSERT INTO {schema}.inbox_attempts (consumer, message_id)
 SELECT %(consumer)s, %(message_id)s
