@@ -32,6 +32,11 @@ LOCK_TIMEOUTS = Counter("estafeta_lock_timeouts", "Step lock waits that timed ou
 ALONE = Counter(
     "estafeta_step_deliveries_alone", "Step deliveries run alone after an earlier delivery died unfinished", ["actor"]
 )
+#: Hand-offs (``estafeta._handoff``): ``done`` (the next step ran in the thread), ``relayed``
+#: (a relay had its row first) or ``failed`` (its transaction rolled back; a relay publishes it).
+HANDOFFS = Counter(
+    "estafeta_step_handoffs", "Messages handed straight to the next step in the worker thread", ["actor", "outcome"]
+)
 
 
 def observe_delivery(actor: str, outcome: str, seconds: float) -> None:

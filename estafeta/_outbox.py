@@ -80,6 +80,20 @@ def write_held(conn: psycopg.Connection[Any]) -> None:
         plan.execute(conn, held.pop(0))
 
 
+def sole_held(conn: psycopg.Connection[Any]) -> Mapping[str, Any] | None:
+    """The parameters of the outbox insert held for ``conn``, if exactly one is (``estafeta._handoff``)."""
+    held = _held.get(id(conn))
+    if not held or len(held) != 1 or not isinstance(held[0].params, dict):
+        return None
+    return held[0].params
+
+
+def lease_sole_held(conn: psycopg.Connection[Any], schema: str, lease: timedelta) -> None:
+    """Make the one outbox insert held for ``conn`` a hand-off's leased row (``sql.outbox.handoff_statement``)."""
+    held = _held[id(conn)]
+    held[0] = store.handoff_statement(schema, held[0], lease)
+
+
 def drop_held(conn: psycopg.Connection[Any]) -> None:
     """Forget the outbox inserts held for ``conn``: the step's work was rolled back."""
     held = _held.get(id(conn))

@@ -18,6 +18,7 @@ from ._wakeups import Waker
 
 if TYPE_CHECKING:
     from ._locks import LockBackend
+    from ._step_spec import StepSpec
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ class Runtime:
         self._embedded_dsn: str | None = None
         self._locks: LockBackend | None = None
         self._wakers: dict[str, Waker] = {}
+        #: The steps declared on a broker in this process, by actor name: where a hand-off
+        #: may go (``estafeta._handoff``).
+        self.steps_here: dict[str, StepSpec] = {}
         self._mutex = threading.Lock()
         #: Whether each database's first use connects in the caller's thread before its pool
         #: starts (:class:`sql.pool.Database`): the CLI's commands report a refused or
@@ -88,13 +92,16 @@ class Runtime:
         """Whether steps send their wake-ups after the commit (``ESTAFETA_WAKEUP=after-commit``)."""
         return self.settings.wakeup == "after-commit"
 
-    def wake_after_commit(self, database: Database, schema: str) -> None:
-        """Hand ``schema``'s wake-up to ``database``'s :class:`~estafeta._wakeups.Waker` (a step just committed)."""
+    def wake_after_commit(self, database: Database, schema: str, *, relays: bool = True) -> None:
+        """Hand ``schema``'s wake-up to ``database``'s :class:`~estafeta._wakeups.Waker` (a step just committed).
+
+        ``relays=False``: its projectors only (see :meth:`~estafeta._wakeups.Waker.wake`).
+        """
         with self._mutex:
             waker = self._wakers.get(database.dsn)
             if waker is None:
                 waker = self._wakers[database.dsn] = Waker(database.dsn)
-        waker.wake(schema)
+        waker.wake(schema, relays=relays)
 
     @property
     def embedded(self) -> bool:

@@ -40,6 +40,7 @@ _INTEGERS: dict[str, tuple[str, float]] = {
     "POOL_SIZE": ("pool_size", 1),
     "METRICS_PORT": ("metrics_port", 1),
     "PRUNE_BATCH_SIZE": ("prune_batch_size", 1),
+    "HANDOFFS": ("handoffs", 0),
 }
 _FLOATS: dict[str, tuple[str, float]] = {
     "RELAY_POLL_INTERVAL": ("relay_poll_interval", 0.01),
@@ -100,6 +101,13 @@ class Settings:
     #: process's pools: relays and projectors find rows at their poll interval, so lower
     #: ``ESTAFETA_RELAY_POLL_INTERVAL``). The default comes from docs/performance.md, "Wake-ups".
     wakeup: str = "after-commit"
+    #: Hand-offs after one delivery (docs/concepts/steps.md, "Hand-offs"): when a step's
+    #: transaction wrote one message, due now, for a step this process declares on the same
+    #: database, the worker thread runs that step at once, skipping the relay and the broker;
+    #: the outbox row, leased from the relays for 5 s, is deleted by the next step's
+    #: transaction (a relay publishes it if the hand-off fails, at once, or if the worker dies
+    #: first, when the lease ends). Up to this many in a row; 0 (the default): never.
+    handoffs: int = 0
     #: Publish attempts before an outbox row becomes ``failed``.
     relay_max_attempts: int = 5
     #: Standbys (``pg_stat_replication``) that must have flushed an outbox row's commit before

@@ -50,6 +50,9 @@ class Opened:
     #: An earlier delivery died unfinished and this one was not counted: it must run alone
     #: (``begin``'s ``alone``). Its transaction is to be rolled back, its work not done.
     suspect: bool = False
+    #: A hand-off found its outbox row gone or held (``begin``'s ``handoff_from``): a relay
+    #: publishes it. Its transaction is to be rolled back, its work not done.
+    relayed: bool = False
 
 
 @attrs.frozen
@@ -75,6 +78,7 @@ def begin(
     uncounted: Uncounted = Uncounted(),
     alone: bool = True,
     copies: int = 1,
+    handoff_from: str | None = None,
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
@@ -100,6 +104,11 @@ def begin(
     if the count is below ``copies`` (the copies of the message Dramatiq sent: its retries
     + 1). Otherwise an earlier delivery died unfinished, of this message or of one beside
     it, and the delivery comes back ``suspect``, uncounted, to be run again alone.
+
+    ``handoff_from``: the message is a hand-off (``estafeta._handoff``) whose row waits in
+    that schema's outbox; the transaction deletes it first (``claim_handoff``), or comes
+    back ``relayed`` if a relay holds it or has published it, or an older row of its key is
+    still to go.
     """
     with conn.pipeline():
         if conn.autocommit:
@@ -111,6 +120,9 @@ def begin(
             counted = conn.execute(query("count_attempt", schema), params)
             conn.execute("COMMIT")
             conn.execute("BEGIN")
+        handed = None
+        if handoff_from is not None:
+            handed = conn.execute(query("claim_handoff", handoff_from), {"message_id": message_id})
         # The inbox record's statement sets the transaction's wake-up policy too.
         wakeup = "after-commit" if wake_after_commit else None
         if lock_key is None and uncounted.this_one:
@@ -124,6 +136,8 @@ def begin(
                 conn, schema, consumer, message_id, lock_key, lock_timeout_ms=lock_timeout_ms, wakeup=wakeup
             )
         conn.execute(f"SAVEPOINT {SAVEPOINT}")
+    if handed is not None and handed.rowcount != 1:
+        return Opened(attempts=0, first=False, relayed=True)
     if counted is None:
         attempts = 1
     else:

@@ -28,6 +28,7 @@ from sql import inbox
 from sql.errors import LockNotAcquired
 from sql.pool import Database, translate_errors
 
+from . import _handoff as handoff
 from . import _metrics as metrics
 from . import _observe as observe
 from . import _outbox as outbox
@@ -176,6 +177,7 @@ def declare_actors(
             priority=0,
             options=options,
         )
+        runtime.steps_here[spec.actor_name] = spec
     return actors
 
 
@@ -184,6 +186,7 @@ def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
         message = CurrentMessage.get_current_message()
         if message is None:
             raise RuntimeError(f"{spec.actor_name} ran without the CurrentMessage middleware")
+        handoff.take()
         try:
             deliver(spec, runtime, message)
         except ConcurrencyConflict as conflict:
@@ -194,6 +197,7 @@ def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
             delay = min(runtime.settings.max_backoff_ms, _CONFLICT_BACKOFF_MS * 2**retries)
             logger.info("%s: %s retried after a concurrency conflict: %s", spec.actor_name, message, conflict)
             raise dramatiq.Retry(str(conflict), delay=int(delay * random.uniform(0.5, 1.0))) from conflict
+        _pass_on(runtime)
 
     body.__name__ = spec.name
     body.__qualname__ = spec.actor_name
@@ -212,22 +216,81 @@ class Outcome(enum.StrEnum):
     DUPLICATE = "duplicate"
     #: Parked in the service's dead letters with the reason; never retried.
     DEAD_LETTERED = "dead_lettered"
+    #: A hand-off whose outbox row a relay had first (``estafeta._handoff``): nothing happened here.
+    RELAYED = "relayed"
 
 
-def deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> Outcome:
+def _pass_on(runtime: Runtime) -> None:
+    """Run the hand-offs the delivery just done offered (``estafeta._handoff``), at most ``ESTAFETA_HANDOFFS`` in a row.
+
+    A hand-off that fails, or finds an older row of its key still to go, is the relays'
+    again: its row is released and they are woken for it, as for one offered past the limit.
+    """
+    for _ in range(runtime.settings.handoffs):
+        baton = handoff.take()
+        if baton is None:
+            return
+        actor = baton.spec.actor_name
+        try:
+            outcome = deliver(baton.spec, runtime, baton.message, handoff_from=baton.schema)
+        except Exception as exc:
+            handoff.take()
+            logger.info(
+                "%s: hand-off of %s failed (%s: %s); a relay publishes it",
+                actor,
+                baton.message.message_id,
+                type(exc).__name__,
+                exc,
+            )
+            metrics.HANDOFFS.labels(actor, "failed").inc()
+            _to_the_relays(runtime, baton)
+            return
+        if outcome is Outcome.RELAYED:
+            metrics.HANDOFFS.labels(actor, "relayed").inc()
+            _to_the_relays(runtime, baton)
+            return
+        metrics.HANDOFFS.labels(actor, "done").inc()
+    baton = handoff.take()
+    if baton is not None:
+        _to_the_relays(runtime, baton)
+
+
+def _to_the_relays(runtime: Runtime, baton: handoff.Baton) -> None:
+    """Release a hand-off's row, due now, and wake the relays for it (a failure is logged: the lease ends anyway)."""
+    try:
+        handoff.release(baton)
+    except Exception as exc:
+        logger.warning(
+            "%s: could not release hand-off %s (%s); the relays take it when its lease ends",
+            baton.spec.actor_name,
+            baton.message.message_id,
+            exc,
+        )
+        return
+    if runtime.settings.wakeup != "poll":
+        runtime.wake_after_commit(baton.database, baton.schema)
+
+
+def deliver(
+    spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], *, handoff_from: str | None = None
+) -> Outcome:
     """Process one delivery of ``message`` by ``spec``; return the outcome.
 
     Any error other than a business failure is raised for Dramatiq to retry, except on the
     last allowed attempt, when the message is dead-lettered with the error instead. Each
     delivery is one ``process`` span (a child of the message's creation context), its log
     lines carry the actor, message id, saga id and trace id, and its outcome is counted.
+    ``handoff_from``: ``message`` is a hand-off whose row waits in that schema's outbox
+    (``estafeta._handoff``).
     """
     with observe.delivery(spec.actor_name, message) as seen:
-        seen.outcome = _deliver(spec, runtime, message, seen)
+        seen.outcome = _deliver(spec, runtime, message, seen, handoff_from)
     return Outcome(seen.outcome)
 
 
-def _deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], seen: observe.Seen) -> Outcome:
+def _deliver(
+    spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], seen: observe.Seen, handoff_from: str | None
+) -> Outcome:
     database = runtime.database(spec.service)
     raw = {"args": list(message.args), "kwargs": dict(message.kwargs), "options": dict(message.options)}
     try:
@@ -239,7 +302,9 @@ def _deliver(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], s
     except InvalidMessage as exc:
         return _park(spec, database, message_id, str(message_id), raw, str(exc))
     try:
-        run = functools.partial(_run, spec, runtime, database, message, message_id, command, payload, seen)
+        run = functools.partial(
+            _run, spec, runtime, database, message, message_id, command, payload, seen, handoff_from=handoff_from
+        )
         outcome = _beside_or_alone(spec, message, message_id, run)
     except _Overdelivered as over:
         reason = f"delivered {over.attempts} times without finishing (does it kill its worker?)"
@@ -312,6 +377,7 @@ def _run(
     seen: observe.Seen,
     *,
     alone: bool,
+    handoff_from: str | None,
 ) -> Outcome:
     # A PostgreSQL lock is part of the first pipeline's inbox statement, taken only for a new
     # message; a Redis lease is taken after it, for a new message too: a duplicate never
@@ -324,9 +390,13 @@ def _run(
         step_tx.rolled_back_on_error(conn),
     ):
         copies = int(message.options.get("retries", 0)) + 1
+        uncounted = step_tx.Uncounted(this_one=True) if handoff_from else _uncounted(message)
         opened = _begin(
-            spec, runtime, conn, message_id, command, in_transaction_lock, _uncounted(message), alone, copies
+            spec, runtime, conn, message_id, command, in_transaction_lock, uncounted, alone, copies, handoff_from
         )
+        if opened.relayed:
+            conn.execute("ROLLBACK")
+            return Outcome.RELAYED
         if opened.suspect:
             raise _Suspect
         seen.attempt = opened.attempts
@@ -368,16 +438,20 @@ def _run(
                 write(conn)
             with step_tx.committing(conn):
                 _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+                baton = handoff.prepare(runtime, database, spec.service, conn)
                 outbox.write_held(conn)
                 _before_commit(held, conn)
         else:
             outcome = Outcome.OK
             with step_tx.committing(conn):
                 _answer(ctx, spec, str(message_id), ok=True, result=result)
+                baton = handoff.prepare(runtime, database, spec.service, conn)
                 outbox.write_held(conn)
                 _before_commit(held, conn)
+    # The one message sent may go straight on (estafeta._handoff): no relay is woken for it.
+    handoff.offer(baton)
     if runtime.wakes_after_commit:
-        runtime.wake_after_commit(database, spec.service)
+        runtime.wake_after_commit(database, spec.service, relays=baton is None)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
 
@@ -392,12 +466,14 @@ def _begin(
     uncounted: step_tx.Uncounted,
     alone: bool,
     copies: int,
+    handoff_from: str | None,
 ) -> step_tx.Opened:
     """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
 
     A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
     ``uncounted``: the deliveries no count holds (:func:`_uncounted`); ``alone`` and
-    ``copies``: when the count holds a suspect back (``step_tx.begin``).
+    ``copies``: when the count holds a suspect back; ``handoff_from``: the outbox of a
+    hand-off's row (``step_tx.begin``).
     """
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
@@ -412,6 +488,7 @@ def _begin(
             uncounted=uncounted,
             alone=alone,
             copies=copies,
+            handoff_from=handoff_from,
         )
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
@@ -428,6 +505,7 @@ def _begin(
             uncounted=uncounted,
             alone=alone,
             copies=copies,
+            handoff_from=handoff_from,
         )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()

@@ -31,7 +31,10 @@ EVENTS_CHANNEL = "estafeta_events"
 #: ``application_name`` of the waker's connection (``pg_stat_activity``).
 APPLICATION_NAME = "estafeta-waker"
 
-_NOTIFY = "SELECT pg_notify(%s, s), pg_notify(%s, s) FROM unnest(%s::text[]) AS s"
+_NOTIFY = (
+    "SELECT pg_notify(%s, s) FROM unnest(%s::text[]) AS s"
+    " UNION ALL SELECT pg_notify(%s, s) FROM unnest(%s::text[]) AS s"
+)
 
 
 class Waker:
@@ -39,7 +42,9 @@ class Waker:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self._pending: set[str] = set()
+        #: Schemas whose relays, and whose projectors, are to be woken.
+        self._relays: set[str] = set()
+        self._projectors: set[str] = set()
         self._mutex = threading.Lock()
         self._ready = threading.Event()
         self._closed = threading.Event()
@@ -47,10 +52,16 @@ class Waker:
         #: Rounds sent so far (each one statement for every schema pending).
         self.rounds = 0
 
-    def wake(self, schema: str) -> None:
-        """Wake ``schema``'s relays and projectors soon (call after the commit)."""
+    def wake(self, schema: str, *, relays: bool = True) -> None:
+        """Wake ``schema``'s relays and projectors soon (call after the commit).
+
+        ``relays=False``: its projectors only (the step's one message is handed off, see
+        ``estafeta._handoff``: a relay woken now would race the hand-off for its row).
+        """
         with self._mutex:
-            self._pending.add(schema)
+            self._projectors.add(schema)
+            if relays:
+                self._relays.add(schema)
             # Not alive: never started, or this is a child forked after it started.
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="estafeta-waker", daemon=True)
@@ -64,24 +75,25 @@ class Waker:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _take(self) -> list[str]:
+    def _take(self) -> tuple[list[str], list[str]]:
         with self._mutex:
-            pending, self._pending = sorted(self._pending), set()
-        return pending
+            relays, projectors = sorted(self._relays), sorted(self._projectors)
+            self._relays, self._projectors = set(), set()
+        return relays, projectors
 
     def _run(self) -> None:
         conn: psycopg.Connection[object] | None = None
         while True:
             self._ready.wait()
             self._ready.clear()
-            schemas = self._take()
+            relays, schemas = self._take()
             if schemas:
                 try:
                     if conn is None or conn.closed:
                         conn = psycopg.connect(self.dsn, autocommit=True, application_name=APPLICATION_NAME)
                         # Nothing to make durable: the commit of a NOTIFY-only transaction.
                         conn.execute("SET synchronous_commit = off")
-                    conn.execute(_NOTIFY, (WAKE_CHANNEL, EVENTS_CHANNEL, schemas))
+                    conn.execute(_NOTIFY, (WAKE_CHANNEL, relays, EVENTS_CHANNEL, schemas))
                     self.rounds += 1
                 except psycopg.Error as exc:
                     # A hint lost: relays and projectors poll. Reconnect on the next round.

@@ -99,6 +99,21 @@ def insert_statement(schema: str, message: OutgoingMessage) -> plan.Statement:
     return plan.Statement(query("insert_outbox", schema), params)
 
 
+def handoff_statement(schema: str, insert: plan.Statement, lease: timedelta) -> plan.Statement:
+    """``insert`` (an :func:`insert_statement` of ``schema``) as a hand-off's leased row.
+
+    No relay claims it before ``lease`` ends: see ``insert_outbox_handoff`` and
+    ``claim_handoff`` in ``sql/queries.sql``.
+    """
+    assert isinstance(insert.params, dict)
+    return plan.Statement(query("insert_outbox_handoff", schema), {**insert.params, "lease": lease})
+
+
+def release_handoff(conn: psycopg.Connection[Any], schema: str, message_id: uuid.UUID) -> None:
+    """Make a hand-off's leased row due now, for the relays (the hand-off did not take it)."""
+    conn.execute(query("release_handoff", schema), {"message_id": message_id})
+
+
 def claim_batch(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[OutboxRow]:
     """Lock up to ``limit`` due rows that may be published now, in id order.
 

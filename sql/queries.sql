@@ -15,6 +15,18 @@ WITH inserted AS (
 SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
 WHERE coalesce(current_setting('estafeta.wakeup', true), '') NOT IN ('poll', 'after-commit')
 
+-- insert_outbox_handoff --
+-- insert_outbox for a row a step hands straight to the next step (estafeta/_handoff.py):
+-- leased, attempts -1 and due only when the lease ends, so no relay claims it meanwhile
+-- (the next step's transaction deletes it, claim_handoff) and, not being a delayed row,
+-- it holds back its key's later rows. A worker killed first leaves it to the relays once
+-- the lease ends; a hand-off that fails releases it at once (release_handoff). No NOTIFY.
+INSERT INTO {schema}.outbox
+    (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at, message_type, attempts)
+VALUES
+    (%(message_id)s, %(queue_name)s, %(actor_name)s, %(message)s, %(ordering_key)s, %(saga_id)s,
+     {schema}.clock_now() + %(lease)s::interval, %(message_type)s, -1)
+
 -- claim_heads --
 -- The oldest due rows that head their key (no older row of the same key is left, other
 -- than a delayed one that was never attempted), skipping rows another relay holds.
@@ -69,7 +81,7 @@ CROSS JOIN LATERAL (
       AND (f.ordering_key, f.id) < (k.ordering_key,
             coalesce((SELECT b.id FROM {schema}.outbox AS b
                       WHERE b.ordering_key = k.ordering_key
-                        AND (b.attempts > 0 OR b.status = 'failed')
+                        AND (b.attempts <> 0 OR b.status = 'failed')
                         AND (b.status = 'failed' OR b.available_at > {schema}.clock_now())
                       ORDER BY b.ordering_key, b.id
                       LIMIT 1), 9223372036854775807))
@@ -190,6 +202,29 @@ DELETE FROM {schema}.outbox
 WHERE id = (SELECT id FROM {schema}.outbox WHERE message_id = %(message_id)s FOR UPDATE SKIP LOCKED)
 RETURNING id
 
+-- claim_handoff --
+-- The row a step hands to the next step in its worker thread (estafeta/_handoff.py), deleted
+-- in that step's transaction, which holds it until it ends: relays skip it (SKIP LOCKED, as
+-- for cancel_outbox), and its key's later rows are not heads while it exists. Only a leased
+-- row (insert_outbox_handoff) or a due one never attempted, that no relay holds and no older
+-- row of its key precedes: exactly one of the hand-off and a relay sends it, in its key's
+-- order. No row: a relay has it (its lease ended), or it waits behind its key.
+DELETE FROM {schema}.outbox AS r
+WHERE r.id = (SELECT id FROM {schema}.outbox
+              WHERE message_id = %(message_id)s AND status = 'pending'
+                AND (attempts = -1 OR (attempts = 0 AND available_at <= {schema}.clock_now()))
+              FOR UPDATE SKIP LOCKED)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.outbox AS older
+                  WHERE r.ordering_key IS NOT NULL
+                    AND (older.ordering_key, older.id) >= (r.ordering_key, 0)
+                    AND (older.ordering_key, older.id) < (r.ordering_key, r.id))
+RETURNING r.id
+
+-- release_handoff --
+-- A hand-off's row back to the relays, due now (the hand-off failed, or waits behind its key).
+UPDATE {schema}.outbox SET attempts = 0, available_at = {schema}.clock_now()
+WHERE message_id = %(message_id)s AND status = 'pending' AND attempts = -1
+
 -- reschedule_outbox --
 -- Move a pending row to %(at)s unless a relay holds it (see cancel_outbox), and wake the
 -- relays at commit: one sleeping until the old time would miss an earlier one.
@@ -210,12 +245,13 @@ SELECT status FROM {schema}.outbox WHERE message_id = %(message_id)s
 
 -- record_publish_failure --
 -- A NULL max_attempts never parks the row: the broker turned it away for now, and the
--- attempt is a deferral. Only refusals (attempts - deferrals) count toward parking.
+-- attempt is a deferral. Only refusals (attempts - deferrals) count toward parking. A
+-- hand-off's leased row (attempts -1, insert_outbox_handoff) was never attempted.
 UPDATE {schema}.outbox
-SET attempts = attempts + 1,
+SET attempts = greatest(attempts, 0) + 1,
     deferrals = deferrals + (%(max_attempts)s::int IS NULL)::int,
     last_error = %(error)s,
-    status = CASE WHEN attempts + 1 - deferrals >= %(max_attempts)s::int THEN 'failed' ELSE 'pending' END,
+    status = CASE WHEN greatest(attempts, 0) + 1 - deferrals >= %(max_attempts)s::int THEN 'failed' ELSE 'pending' END,
     available_at = {schema}.clock_now() + %(backoff)s::interval
 WHERE id = ANY(%(ids)s::bigint[])
 

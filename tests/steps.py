@@ -159,3 +159,16 @@ def hold(ctx: StepContext, command: Hold) -> None:
     if not released.wait(timeout=60):
         raise TimeoutError(f"hold {command.ping_id} never released")
     _record_and_send(ctx, command.ping_id)
+
+
+@attrs.frozen
+class PassOn:
+    """Send ``probe.test_explode`` a command that fails its first ``times`` attempts: a hand-off that fails."""
+
+    ping_id: uuid.UUID
+    times: int = 1
+
+
+@SERVICE.step(PassOn, name="test_pass_on")
+def pass_on(ctx: StepContext, command: PassOn) -> None:
+    ctx.send(Explode(command.ping_id, times=command.times))

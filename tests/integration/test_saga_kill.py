@@ -61,6 +61,27 @@ def test_every_saga_ends_after_workers_and_relay_are_killed(
     assert report["reconciled"] is True
 
 
+def test_every_saga_ends_after_kills_with_steps_handing_off(
+    amqp_url: str, database_url: str, runtime, tmp_path: Path
+) -> None:
+    # ESTAFETA_HANDOFFS: most step messages go from step to step in a worker thread, their
+    # rows deleted by the next step's transaction; a kill between the two leaves the row to
+    # the (restarted) relay. The same checks as above.
+    plan = Plan(orders=150, processes=1, threads=4, step_timeout=4.0, timeout=240)
+    report = KillAndRecover(database_url, amqp_url, plan, tmp_path, extra_env={"ESTAFETA_HANDOFFS": "8"}).run()
+    print(report)
+    first, second = report["kills"]  # type: ignore[misc]
+    assert first["running"] + first.get("compensating", 0) > 0 and first["relay_killed"]
+    assert second["compensating"] > 0
+    assert report["orders"] == 150
+    assert set(report["sagas"]) == {"completed", "compensated"}, report["sagas"]  # type: ignore[arg-type]
+    assert report["mismatches"] == []
+    money, stock = report["money"], report["stock"]
+    assert money[0] == money[1] and stock[0] == stock[1]  # type: ignore[index]
+    _assert_the_ledger_agrees(report)
+    assert report["reconciled"] is True
+
+
 def _assert_the_ledger_agrees(report: dict[str, object]) -> None:
     """Money conserved in the ledger's events too, and each account's replay equal to its projection."""
     money, ledger = report["money"], report["ledger"]

@@ -1,0 +1,110 @@
+"""Hand-offs (``ESTAFETA_HANDOFFS``): a step's one message run by the next step at once, in the same thread.
+
+A saga step message normally goes the long way: its outbox row commits, a relay claims it,
+publishes it and deletes it, the broker hands it to a worker, which decodes it and runs the
+next step. When the step wrote exactly one message, due now, for a step this process has
+declared on the same database, the worker thread can run that step itself right after the
+commit. The row stays the message's only record, written *leased* (``LEASE``: no relay
+claims it before the lease ends, and it holds back its key's later rows), and the next
+step's transaction deletes it first (``claim_handoff`` in ``sql/queries.sql``), together
+with its inbox record and its work, so
+
+- a hand-off that fails (any error: its transaction rolls back, the row is back), that
+  finds an older row of its key still to go, or that the limit of hand-offs in a row
+  leaves over, releases the row to the relays at once and wakes them;
+- a worker killed after the commit leaves the row to the relays once its lease ends;
+- a relay that claimed the row (after the lease) keeps it, and the hand-off does nothing
+  (``Outcome.RELAYED``): exactly one of the two sends it, in its key's order.
+
+The step's inbox still absorbs a copy, so nothing here weakens exactly-once effects. What a
+hand-off skips is Dramatiq's middleware for that message (retries, time and age limits: a
+failure goes back to the relay, whose copy has them) and the queue: the next step runs in
+the process that sent its message, whatever queues that process consumes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import dramatiq
+import psycopg
+
+from sql import outbox as store
+from sql.pool import Database
+
+from . import _outbox as outbox
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+    from ._step_spec import StepSpec
+
+
+#: How long a handed-off row stays invisible to the relays: longer than a hand-off takes to
+#: start (the next step's first round trip), short enough that a killed worker's row is not
+#: left waiting long.
+LEASE = timedelta(seconds=5)
+
+
+@attrs.frozen
+class Baton:
+    """A message handed to the next step: its row waits in ``schema``'s outbox, leased."""
+
+    spec: StepSpec
+    message: dramatiq.Message[Any]
+    #: The schema of the outbox holding the message's row (the sending service's).
+    schema: str
+    database: Database
+
+
+_thread = threading.local()
+
+
+def prepare(runtime: Runtime, database: Database, schema: str, conn: psycopg.Connection[Any]) -> Baton | None:
+    """Before a step's commit on ``conn``: lease its one outbox row if the message can go straight on.
+
+    Only one message, due now, for a step of :attr:`Runtime.steps_here` on the same
+    database goes; anything else is left to the relays. Call :func:`offer` once committed.
+    """
+    if runtime.settings.handoffs == 0:
+        return None
+    params = outbox.sole_held(conn)
+    if params is None or params.get("at") is not None or params.get("delay") != timedelta(0):
+        return None
+    spec = runtime.steps_here.get(params["actor_name"])
+    if spec is None or spec.queue_name != params["queue_name"] or runtime.database(spec.service) is not database:
+        return None
+    outbox.lease_sole_held(conn, schema, LEASE)
+    body = params["message"].obj
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name=spec.queue_name,
+        actor_name=spec.actor_name,
+        args=tuple(body["args"]),
+        kwargs=dict(body["kwargs"]),
+        options=dict(body["options"]),
+        message_id=str(params["message_id"]),
+        message_timestamp=int(time.time() * 1000),
+    )
+    return Baton(spec=spec, message=message, schema=schema, database=database)
+
+
+def offer(baton: Baton | None) -> None:
+    """The step committed: its thread is to run ``baton`` next (:func:`take`)."""
+    _thread.baton = baton
+
+
+def take() -> Baton | None:
+    """The hand-off this thread's last step offered (once)."""
+    baton: Baton | None = getattr(_thread, "baton", None)
+    _thread.baton = None
+    return baton
+
+
+def release(baton: Baton) -> None:
+    """Make ``baton``'s leased row due now, for the relays (the caller wakes them)."""
+    with baton.database.transaction() as conn:
+        store.release_handoff(conn, baton.schema, uuid.UUID(baton.message.message_id))

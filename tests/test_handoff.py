@@ -1,0 +1,235 @@
+"""Hand-offs (``ESTAFETA_HANDOFFS``): a step's one message run by the next step in the same worker thread.
+
+Real PostgreSQL, the StubBroker and a Dramatiq worker in this process. The row stays the
+message's only record until the next step's transaction deletes it: a relay that holds it,
+an older row of its key, or a hand-off that fails leaves it to the relays, and nothing is
+run twice or lost. (The SIGKILL case: tests/integration/test_saga_kill.py.)
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import dramatiq
+import psycopg
+import pytest
+from dramatiq.brokers.stub import StubBroker
+from prometheus_client import REGISTRY
+
+from actors import pingpong
+from actors.order_saga import ORDER_SAGA, reconcile
+from brokers.relay import Relay
+from cli.demo import DuplicatingPublisher
+from cli.seed import plan_orders
+from estafeta import Runtime, Settings, Watchdog
+from estafeta import _handoff as handoff
+from estafeta._steps import Outcome, deliver
+from estafeta.testing import TEST_SETTINGS
+
+from . import steps
+from .app import app as tests_app
+from .conftest import APPS, make_relay
+from .helpers import message_for, scalar, wait_until
+from .shop import place, seed
+
+
+@pytest.fixture
+def handing(runtime: Runtime, database_url: str, request: pytest.FixtureRequest) -> Iterator[Runtime]:
+    """A runtime (on the emptied database) whose steps hand off up to 8 messages in a row (or the param's)."""
+    handoffs = getattr(request, "param", 8)
+    handing = Runtime(Settings(database_url=database_url, handoffs=handoffs, **TEST_SETTINGS))  # type: ignore[arg-type]
+    yield handing
+    handing.close()
+
+
+@pytest.fixture
+def handing_broker(handing: Runtime) -> Iterator[StubBroker]:
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    for app in APPS:
+        app.bind(broker, handing)
+    yield broker
+    broker.flush_all()
+    broker.close()
+
+
+@pytest.fixture
+def handing_worker(handing_broker: StubBroker) -> Iterator[dramatiq.Worker]:
+    worker = dramatiq.Worker(handing_broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+def _running(relay: Relay) -> Iterator[Relay]:
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    yield relay
+    stop.set()
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def handing_relay(handing: Runtime, handing_broker: StubBroker) -> Iterator[Relay]:
+    yield from _running(make_relay(handing, handing_broker))
+
+
+def _handoffs(actor: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value("estafeta_step_handoffs_total", {"actor": actor, "outcome": outcome}) or 0.0
+
+
+def test_a_pong_goes_straight_to_its_step_and_no_relay_publishes_it(
+    handing: Runtime, handing_broker: StubBroker, handing_worker, conn
+) -> None:
+    done_before = _handoffs("pingpong.pong", "done")
+    with handing.database("pingpong").transaction() as tx:
+        ping_id = pingpong.send_ping(tx)
+    # The relay publishes the ping once, then never runs again: the pong has no other way.
+    assert make_relay(handing, handing_broker).drain_once() == 1
+    wait_until(lambda: pingpong.ping_status(conn, ping_id) == (True, 1), what="the pong's effect, once")
+    handing_broker.join("pingpong")
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
+    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox WHERE consumer = 'pingpong.pong'") == 1
+    assert _handoffs("pingpong.pong", "done") == done_before + 1
+
+
+def _queued(broker: StubBroker, queue: str) -> list[dramatiq.Message]:
+    waiting = broker.queues[queue]
+    return [dramatiq.Message.decode(waiting.get_nowait()) for _ in range(waiting.qsize())]
+
+
+def test_a_handed_off_row_is_leased_from_the_relays_and_holds_back_its_key(
+    handing: Runtime, handing_broker: StubBroker, conn
+) -> None:
+    relay = make_relay(handing, handing_broker)
+    with handing.database("pingpong").transaction() as tx:
+        ping_id = pingpong.send_ping(tx)
+    assert relay.drain_once() == 1
+    (ping,) = _queued(handing_broker, "pingpong")
+    # Delivered outside a worker: the step commits its pong's row leased, and offers it.
+    assert deliver(pingpong.ping, handing, ping) is Outcome.OK
+    baton = handoff.take()
+    assert baton is not None and baton.message.actor_name == "pingpong.pong"
+    # A later row of the same key, as any sender writes it: it waits behind the leased one.
+    with handing.database("pingpong").transaction() as tx:
+        later = pingpong.SERVICE.send(tx, pingpong.Pong(ping_id), ordering_key=str(ping_id))
+    assert relay.drain_once() == 0
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 2
+    # Released (what a failed hand-off does): both go, in their key's order.
+    handoff.release(baton)
+    assert relay.drain_once() == 2
+    assert [m.message_id for m in _queued(handing_broker, "pingpong")] == [baton.message.message_id, str(later)]
+
+
+def _pong_row(runtime: Runtime, conn: psycopg.Connection, *, key: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """A pong waiting in pingpong's outbox for a recorded ping; (ping id, message id)."""
+    ping_id = uuid.uuid4()
+    conn.execute("INSERT INTO pingpong.pings (ping_id, sent_at) VALUES (%s, %s)", (ping_id, datetime.now(UTC)))
+    with runtime.database("pingpong").transaction() as tx:
+        message_id = pingpong.SERVICE.send(tx, pingpong.Pong(ping_id), ordering_key=key)
+    return ping_id, message_id
+
+
+def test_a_handoff_leaves_a_row_a_relay_holds_and_takes_it_once_free(runtime: Runtime, conn) -> None:
+    spec = pingpong.pong
+    ping_id, message_id = _pong_row(runtime, conn, key="k1")
+    message = message_for(spec.actor_name, pingpong.Pong(ping_id), message_id=message_id)
+    with psycopg.connect(conn.info.dsn) as relay_conn:
+        # A relay's claim: the row locked until its publish is confirmed and the row deleted.
+        relay_conn.execute("SELECT id FROM pingpong.outbox WHERE message_id = %s FOR UPDATE", (message_id,))
+        assert deliver(spec, runtime, message, handoff_from="pingpong") is Outcome.RELAYED
+    assert pingpong.ping_status(conn, ping_id) == (False, 0)
+    assert scalar(conn, "SELECT count(*) FROM pingpong.inbox WHERE message_id = %s", message_id) == 0
+    assert deliver(spec, runtime, message, handoff_from="pingpong") is Outcome.OK
+    assert pingpong.ping_status(conn, ping_id) == (True, 1)
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
+    # Once the row is gone, so is the hand-off: the relay (or an earlier hand-off) sent it.
+    assert deliver(spec, runtime, message, handoff_from="pingpong") is Outcome.RELAYED
+    assert pingpong.ping_status(conn, ping_id) == (True, 1)
+
+
+def test_a_handoff_waits_behind_an_older_row_of_its_key(runtime: Runtime, conn) -> None:
+    spec = pingpong.pong
+    older, _ = _pong_row(runtime, conn, key="same")
+    ping_id, message_id = _pong_row(runtime, conn, key="same")
+    message = message_for(spec.actor_name, pingpong.Pong(ping_id), message_id=message_id)
+    assert deliver(spec, runtime, message, handoff_from="pingpong") is Outcome.RELAYED
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 2
+    # Another key's row is not in its way.
+    other, other_id = _pong_row(runtime, conn, key="other")
+    message = message_for(spec.actor_name, pingpong.Pong(other), message_id=other_id)
+    assert deliver(spec, runtime, message, handoff_from="pingpong") is Outcome.OK
+    assert pingpong.ping_status(conn, other) == (True, 1)
+    assert pingpong.ping_status(conn, older) == (False, 0)
+
+
+def test_a_handoff_that_fails_goes_back_to_the_relay_and_takes_effect_once(
+    handing: Runtime, handing_broker: StubBroker, handing_worker, handing_relay, conn
+) -> None:
+    failed_before = _handoffs("probe.test_explode", "failed")
+    ping_id = uuid.uuid4()
+    with handing.database("probe").transaction() as tx:
+        tests_app.service("probe").send(tx, steps.PassOn(ping_id, times=1))
+    # The hand-off's first attempt fails and rolls back; the relay publishes the row and
+    # Dramatiq's delivery does the work, once.
+    wait_until(
+        lambda: scalar(conn, "SELECT count(*) FROM pingpong.inbox WHERE consumer = 'pingpong.pong'") == 1,
+        what="the pong after the explode's second attempt",
+    )
+    assert steps.ATTEMPTS[ping_id] == 2
+    assert scalar(conn, "SELECT count(*) FROM probe.pings WHERE ping_id = %s", ping_id) == 1
+    assert _handoffs("probe.test_explode", "failed") == failed_before + 1
+    wait_until(lambda: scalar(conn, "SELECT count(*) FROM probe.outbox") == 0, what="probe's outbox drained")
+
+
+@pytest.mark.parametrize("handing", [8, 2], indirect=True, ids=["8-in-a-row", "2-in-a-row"])
+def test_the_order_saga_by_handoffs_ends_every_saga_despite_duplicates(
+    handing: Runtime, handing_broker: StubBroker, handing_worker, conn
+) -> None:
+    # 8 hand-offs in a row: all but the first of a saga's step messages may go by hand. With 2,
+    # every third goes back to the relays (released past the limit), and every saga still ends.
+    relay = make_relay(handing, handing_broker)
+    publisher = DuplicatingPublisher(relay.publisher, every=3)
+    relay.publisher = publisher
+    watchdog = Watchdog(handing, [ORDER_SAGA])
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=relay.run, args=(stop,), daemon=True),
+        threading.Thread(target=watchdog.run, args=(stop, 0.05), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        before = sum(_handoffs(s, "done") for s in _ORDER_STEPS)
+        plan = plan_orders(40, rng=random.Random(7))
+        seed(handing, plan.balances, plan.stock)
+        order_ids = [place(handing, c, s, q, a).order_id for c, s, q, a in plan.orders]
+        ended = "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL"
+        wait_until(lambda: scalar(conn, ended) == len(order_ids), timeout=60, what="every saga ended")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    check = reconcile(handing, order_ids, plan.balances, plan.stock)
+    assert check.ok, check
+    assert set(check.sagas) == {"completed", "compensated"}, check.sagas
+    assert scalar(conn, "SELECT count(*) FROM notifications.sent") == len(order_ids)
+    # The relay published the first commands (and copies of some); most of the rest went by hand.
+    handed = sum(_handoffs(s, "done") for s in _ORDER_STEPS) - before
+    assert handed >= min(4, handing.settings.handoffs) * len(order_ids), handed
+    assert scalar(conn, "SELECT count(*) FROM orders.outbox") == 0
+
+
+#: The order saga's steps, its orchestrator's reply step included.
+_ORDER_STEPS = [
+    name
+    for app in APPS
+    for service in app.services
+    if service.name in {"orders", "payments", "inventory", "notifications"}
+    for name in service.steps
+]
