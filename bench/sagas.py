@@ -260,6 +260,10 @@ def measure_steady(runtime: Runtime, rate: float, seconds: float, placers: int =
     }
 
 
+#: The row of the RabbitMQ run whose steps hand off (``--handoffs``, ``ESTAFETA_HANDOFFS``).
+HANDOFFS = "rabbitmq-ho"
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement, by broker."""
     results: dict[str, Any] = {}
@@ -272,6 +276,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if reachable(args.amqp_url, 5672):
             amqp = run_resources.enter_context(rabbitmq_vhost(args.amqp_url))
             harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, *shape)))
+            if args.handoffs:
+                handing = (*shape[:3], {**wakeup, "ESTAFETA_HANDOFFS": str(args.handoffs)})
+                harnesses.append((HANDOFFS, lambda: process_harness(dsn, amqp, *handing)))
         if reachable(args.redis_url, 6379):
             redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
             harnesses.append(("redis", lambda: process_harness(dsn, redis_url, *shape)))
@@ -338,25 +345,25 @@ def table(results: dict[str, Any], processes: int, threads: int) -> str:
     lines = [
         f"estafeta saga benchmark: {describe(machine())}",
         f"real brokers: dramatiq actors --processes {processes} --threads {threads}",
-        f"{'broker':<10}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
+        f"{'broker':<12}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
         f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}{'CPU ms/step':>13}",
     ]
     brokers = {name: r for name, r in results.items() if name not in ("peers", "dbos")}
     for name, r in brokers.items():
         base, sagas = r["baseline"]["step_messages_per_second"], r["sagas"]
         lines.append(
-            f"{name:<10}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
+            f"{name:<12}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
             f"{sagas['messages_per_saga']:>12.1f}{sagas['step_messages_per_second'] / base:>12.0%}"
             f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}{sagas['cpu_ms_per_step']:>13.2f}"
         )
     for name, r in brokers.items():
         split = ", ".join(f"{group} {ms:.2f}" for group, ms in r["sagas"]["cpu_ms_per_step_by_process"].items())
-        lines.append(f"{name:<10}CPU ms per saga step by process: {split}")
-        lines.append(f"{name:<10}{database_line(r['sagas']['database_per_step'])}")
+        lines.append(f"{name:<12}CPU ms per saga step by process: {split}")
+        lines.append(f"{name:<12}{database_line(r['sagas']['database_per_step'])}")
     steady = {name: r["steady"] for name, r in brokers.items() if "steady" in r}
     for name, r in steady.items():
         lines.append(
-            f"{name:<10}steady {r['rate']:g} sagas/s placed (reached {r['placed_per_second']:.0f}/s,"
+            f"{name:<12}steady {r['rate']:g} sagas/s placed (reached {r['placed_per_second']:.0f}/s,"
             f" {r['sagas']} sagas): p50 {r['latency_p50']:.2f} s, p99 {r['latency_p99']:.2f} s,"
             f" max {r['latency_max']:.2f} s"
         )
@@ -420,6 +427,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--wakeup", choices=["notify", "after-commit", "poll"], help="ESTAFETA_WAKEUP of the workers")
     parser.add_argument(
+        "--handoffs",
+        type=int,
+        default=8,
+        help=f"ESTAFETA_HANDOFFS of a second RabbitMQ run, the '{HANDOFFS}' row (default 8; 0: no such run)",
+    )
+    parser.add_argument(
         "--steady-rate", type=float, default=100, help="sagas/s placed steadily for the latency figure (0: skip)"
     )
     parser.add_argument("--steady-seconds", type=float, default=10, help="how long to place them (default 10)")
@@ -427,7 +440,7 @@ def parser() -> argparse.ArgumentParser:
         "--broker",
         dest="brokers",
         action="append",
-        choices=["stub", "rabbitmq", "redis", "kafka"],
+        choices=["stub", "rabbitmq", HANDOFFS, "redis", "kafka"],
         help="only this broker (repeatable; default: every reachable one)",
     )
     parser.add_argument(
