@@ -115,14 +115,15 @@ def shares(collapsed: str) -> dict[str, float]:
     return {name: count / total for name, count in counts.most_common()}
 
 
-def profile(database_url: str, amqp_url: str, pings: int, seconds: float, sagas: int = 0) -> str:
+def profile(database_url: str, amqp_url: str, pings: int, seconds: float, sagas: int = 0, handoffs: int = 0) -> str:
     """Run the worker and the relay, answer ``pings`` ping/pongs (or run ``sagas`` order sagas) under py-spy.
 
-    Returns py-spy's raw (collapsed) samples.
+    ``handoffs``: the worker's ``ESTAFETA_HANDOFFS``. Returns py-spy's raw (collapsed) samples.
     """
     with scratch_database(database_url, _migrate) as dsn, rabbitmq_vhost(amqp_url) as amqp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
         env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=amqp, PYTHONPATH=str(ROOT))
+        env.update(ESTAFETA_HANDOFFS=str(handoffs))
         worker = subprocess.Popen(
             [str(BIN / "dramatiq"), "actors", "--processes", "1", "--threads", "8"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -175,13 +176,14 @@ def main() -> None:
     parser.add_argument("--pings", type=int, default=3000)
     parser.add_argument("--sagas", type=int, default=0, help="order sagas instead of ping/pongs (0: ping/pongs)")
     parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--handoffs", type=int, default=0, help="ESTAFETA_HANDOFFS of the worker (default 0)")
     parser.add_argument("--top", type=int, default=0, help="also list this many functions (0: only packages)")
     default_database = "host=127.0.0.1 port=5432 user=postgres dbname=test"
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", default_database))
     parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
     args = parser.parse_args()
     started = time.monotonic()
-    raw = profile(args.database_url, args.amqp_url, args.pings, args.seconds, args.sagas)
+    raw = profile(args.database_url, args.amqp_url, args.pings, args.seconds, args.sagas, args.handoffs)
     workload = f"{args.sagas} order sagas" if args.sagas else f"{args.pings} ping/pongs"
     print(f"worker profile, {workload}: {describe(machine())}; {time.monotonic() - started:.0f} s")
     print("share of the worker's CPU samples, by the innermost frame's package:")

@@ -12,7 +12,7 @@ import random
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import dramatiq
 import psycopg
@@ -27,6 +27,7 @@ from cli.demo import DuplicatingPublisher
 from cli.seed import plan_orders
 from estafeta import Runtime, Settings, Watchdog
 from estafeta import _handoff as handoff
+from estafeta._clock import Clock
 from estafeta._steps import Outcome, deliver
 from estafeta.testing import TEST_SETTINGS
 
@@ -124,6 +125,29 @@ def test_a_handed_off_row_is_leased_from_the_relays_and_holds_back_its_key(
     handoff.release(baton)
     assert relay.drain_once() == 2
     assert [m.message_id for m in _queued(handing_broker, "pingpong")] == [baton.message.message_id, str(later)]
+
+
+def test_a_row_whose_handoff_never_ran_goes_to_the_relays_when_its_lease_ends(
+    handing: Runtime, handing_broker: StubBroker, conn
+) -> None:
+    relay = make_relay(handing, handing_broker)
+    with handing.database("pingpong").transaction() as tx:
+        pingpong.send_ping(tx)
+    assert relay.drain_once() == 1
+    (ping,) = _queued(handing_broker, "pingpong")
+    assert deliver(pingpong.ping, handing, ping) is Outcome.OK
+    # The worker dies here: the hand-off is never run, the row never released.
+    baton = handoff.take()
+    assert baton is not None
+    assert relay.drain_once() == 0
+    clock = Clock(handing, ["pingpong"])
+    try:
+        clock.advance(handoff.LEASE + timedelta(seconds=1))
+        assert relay.drain_once() == 1
+    finally:
+        clock.reset()
+    assert [m.message_id for m in _queued(handing_broker, "pingpong")] == [baton.message.message_id]
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
 
 
 def _pong_row(runtime: Runtime, conn: psycopg.Connection, *, key: str) -> tuple[uuid.UUID, uuid.UUID]:
