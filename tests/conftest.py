@@ -137,6 +137,11 @@ def schema_conn(database_url: str) -> Iterator[psycopg.Connection[Any]]:
 @pytest.fixture
 def stub_broker(runtime: Runtime) -> Iterator[StubBroker]:
     """A fresh StubBroker with every step of the tests' apps bound to it."""
+    yield from bound_broker(runtime)
+
+
+def bound_broker(runtime: Runtime) -> Iterator[StubBroker]:
+    """A fresh StubBroker with every step of the tests' apps bound to it, running with ``runtime``."""
     broker = StubBroker()
     broker.emit_after("process_boot")
     for app in APPS:
@@ -149,7 +154,12 @@ def stub_broker(runtime: Runtime) -> Iterator[StubBroker]:
 @pytest.fixture
 def stub_worker(stub_broker: StubBroker) -> Iterator[dramatiq.Worker]:
     """A worker consuming the stub broker in this process."""
-    worker = dramatiq.Worker(stub_broker, worker_timeout=50, worker_threads=4)
+    yield from started_worker(stub_broker)
+
+
+def started_worker(broker: StubBroker) -> Iterator[dramatiq.Worker]:
+    """A worker consuming ``broker`` in this process, until the generator is closed."""
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
     worker.start()
     yield worker
     worker.stop()
@@ -171,6 +181,11 @@ def relay(runtime: Runtime, stub_broker: StubBroker) -> Relay:
 @pytest.fixture
 def running_relay(relay: Relay) -> Iterator[Relay]:
     """The relay running in a thread, woken by NOTIFY."""
+    yield from relay_running(relay)
+
+
+def relay_running(relay: Relay) -> Iterator[Relay]:
+    """``relay`` running in a thread, woken by NOTIFY, until the generator is closed."""
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
     thread.start()

@@ -33,7 +33,7 @@ from estafeta.testing import TEST_SETTINGS
 
 from . import steps
 from .app import app as tests_app
-from .conftest import APPS, make_relay
+from .conftest import APPS, bound_broker, make_relay, relay_running, started_worker
 from .helpers import message_for, scalar, wait_until
 from .shop import place, seed
 
@@ -49,35 +49,17 @@ def handing(runtime: Runtime, database_url: str, request: pytest.FixtureRequest)
 
 @pytest.fixture
 def handing_broker(handing: Runtime) -> Iterator[StubBroker]:
-    broker = StubBroker()
-    broker.emit_after("process_boot")
-    for app in APPS:
-        app.bind(broker, handing)
-    yield broker
-    broker.flush_all()
-    broker.close()
+    yield from bound_broker(handing)
 
 
 @pytest.fixture
 def handing_worker(handing_broker: StubBroker) -> Iterator[dramatiq.Worker]:
-    worker = dramatiq.Worker(handing_broker, worker_timeout=50, worker_threads=4)
-    worker.start()
-    yield worker
-    worker.stop()
-
-
-def _running(relay: Relay) -> Iterator[Relay]:
-    stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
-    thread.start()
-    yield relay
-    stop.set()
-    thread.join(timeout=10)
+    yield from started_worker(handing_broker)
 
 
 @pytest.fixture
 def handing_relay(handing: Runtime, handing_broker: StubBroker) -> Iterator[Relay]:
-    yield from _running(make_relay(handing, handing_broker))
+    yield from relay_running(make_relay(handing, handing_broker))
 
 
 def _handoffs(actor: str, outcome: str) -> float:
