@@ -222,8 +222,11 @@ RETURNING r.id
 
 -- release_handoff --
 -- A hand-off's row back to the relays, due now (the hand-off failed, or waits behind its key).
+-- A row a relay holds (its lease ended) is the relay's already: skipped, never waited for.
 UPDATE {schema}.outbox SET attempts = 0, available_at = {schema}.clock_now()
-WHERE message_id = %(message_id)s AND status = 'pending' AND attempts = -1
+WHERE id = (SELECT id FROM {schema}.outbox
+            WHERE message_id = %(message_id)s AND status = 'pending' AND attempts = -1
+            FOR UPDATE SKIP LOCKED)
 
 -- reschedule_outbox --
 -- Move a pending row to %(at)s unless a relay holds it (see cancel_outbox), and wake the

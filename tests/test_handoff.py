@@ -109,6 +109,30 @@ def test_a_handed_off_row_is_leased_from_the_relays_and_holds_back_its_key(
     assert [m.message_id for m in _queued(handing_broker, "pingpong")] == [baton.message.message_id, str(later)]
 
 
+def test_releasing_a_row_a_relay_holds_leaves_it_to_the_relay_without_waiting(
+    handing: Runtime, handing_broker: StubBroker, conn
+) -> None:
+    relay = make_relay(handing, handing_broker)
+    with handing.database("pingpong").transaction() as tx:
+        pingpong.send_ping(tx)
+    assert relay.drain_once() == 1
+    (ping,) = _queued(handing_broker, "pingpong")
+    assert deliver(pingpong.ping, handing, ping) is Outcome.OK
+    baton = handoff.take()
+    assert baton is not None
+    with psycopg.connect(conn.info.dsn) as relay_conn:
+        # A relay's claim after the lease ended: the row is the relay's until it commits.
+        relay_conn.execute(
+            "SELECT id FROM pingpong.outbox WHERE message_id = %s FOR UPDATE", (baton.message.message_id,)
+        )
+        released = threading.Thread(target=handoff.release, args=(baton,), daemon=True)
+        released.start()
+        released.join(timeout=10)
+        assert not released.is_alive(), "the release waited for the relay's row lock"
+    # Skipped, not released: the row is still leased (the relay would have published it).
+    assert scalar(conn, "SELECT attempts FROM pingpong.outbox") == -1
+
+
 def test_a_row_whose_handoff_never_ran_goes_to_the_relays_when_its_lease_ends(
     handing: Runtime, handing_broker: StubBroker, conn
 ) -> None:
