@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -165,10 +165,11 @@ def started_worker(broker: StubBroker) -> Iterator[dramatiq.Worker]:
     worker.stop()
 
 
-def make_relay(runtime: Runtime, broker: dramatiq.Broker, **config: object) -> Relay:
-    """A relay over every service's outbox, publishing to ``broker``."""
+def make_relay(runtime: Runtime, broker: dramatiq.Broker, *, services: Collection[str] = (), **config: object) -> Relay:
+    """A relay over every service's outbox (or only ``services``'), publishing to ``broker``."""
     defaults: dict[str, object] = {"batch_size": 100, "poll_interval": 0.05, "attempt_backoff": timedelta(0)}
-    outboxes = [Outbox(s.name, runtime.database(s.name)) for s in all_services()]
+    names = services or [s.name for s in all_services()]
+    outboxes = [Outbox(name, runtime.database(name)) for name in names]
     return Relay(outboxes, EnqueuePublisher(broker), RelayConfig(**{**defaults, **config}))  # type: ignore[arg-type]
 
 

@@ -73,7 +73,8 @@ def test_a_pong_goes_straight_to_its_step_and_no_relay_publishes_it(
     with handing.database("pingpong").transaction() as tx:
         ping_id = pingpong.send_ping(tx)
     # The relay publishes the ping once, then never runs again: the pong has no other way.
-    assert make_relay(handing, handing_broker).drain_once() == 1
+    # (pingpong's outbox only: the worker fires the ticker's schedules meanwhile.)
+    assert make_relay(handing, handing_broker, services=["pingpong"]).drain_once() == 1
     wait_until(lambda: pingpong.ping_status(conn, ping_id) == (True, 1), what="the pong's effect, once")
     handing_broker.join("pingpong")
     assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
@@ -86,18 +87,23 @@ def _queued(broker: StubBroker, queue: str) -> list[dramatiq.Message]:
     return [dramatiq.Message.decode(waiting.get_nowait()) for _ in range(waiting.qsize())]
 
 
+def _pong_offered(handing: Runtime, broker: StubBroker, relay: Relay) -> tuple[uuid.UUID, handoff.Baton]:
+    """A ping relayed and delivered outside a worker: its pong's row leased and offered, never run; (ping id, baton)."""
+    with handing.database("pingpong").transaction() as tx:
+        ping_id = pingpong.send_ping(tx)
+    assert relay.drain_once() == 1
+    (ping,) = _queued(broker, "pingpong")
+    assert deliver(pingpong.ping, handing, ping) is Outcome.OK
+    baton = handoff.take()
+    assert baton is not None and baton.message.actor_name == "pingpong.pong"
+    return ping_id, baton
+
+
 def test_a_handed_off_row_is_leased_from_the_relays_and_holds_back_its_key(
     handing: Runtime, handing_broker: StubBroker, conn
 ) -> None:
     relay = make_relay(handing, handing_broker)
-    with handing.database("pingpong").transaction() as tx:
-        ping_id = pingpong.send_ping(tx)
-    assert relay.drain_once() == 1
-    (ping,) = _queued(handing_broker, "pingpong")
-    # Delivered outside a worker: the step commits its pong's row leased, and offers it.
-    assert deliver(pingpong.ping, handing, ping) is Outcome.OK
-    baton = handoff.take()
-    assert baton is not None and baton.message.actor_name == "pingpong.pong"
+    ping_id, baton = _pong_offered(handing, handing_broker, relay)
     # A later row of the same key, as any sender writes it: it waits behind the leased one.
     with handing.database("pingpong").transaction() as tx:
         later = pingpong.SERVICE.send(tx, pingpong.Pong(ping_id), ordering_key=str(ping_id))
@@ -112,14 +118,7 @@ def test_a_handed_off_row_is_leased_from_the_relays_and_holds_back_its_key(
 def test_releasing_a_row_a_relay_holds_leaves_it_to_the_relay_without_waiting(
     handing: Runtime, handing_broker: StubBroker, conn
 ) -> None:
-    relay = make_relay(handing, handing_broker)
-    with handing.database("pingpong").transaction() as tx:
-        pingpong.send_ping(tx)
-    assert relay.drain_once() == 1
-    (ping,) = _queued(handing_broker, "pingpong")
-    assert deliver(pingpong.ping, handing, ping) is Outcome.OK
-    baton = handoff.take()
-    assert baton is not None
+    _, baton = _pong_offered(handing, handing_broker, make_relay(handing, handing_broker))
     with psycopg.connect(conn.info.dsn) as relay_conn:
         # A relay's claim after the lease ended: the row is the relay's until it commits.
         relay_conn.execute(
@@ -137,14 +136,8 @@ def test_a_row_whose_handoff_never_ran_goes_to_the_relays_when_its_lease_ends(
     handing: Runtime, handing_broker: StubBroker, conn
 ) -> None:
     relay = make_relay(handing, handing_broker)
-    with handing.database("pingpong").transaction() as tx:
-        pingpong.send_ping(tx)
-    assert relay.drain_once() == 1
-    (ping,) = _queued(handing_broker, "pingpong")
-    assert deliver(pingpong.ping, handing, ping) is Outcome.OK
     # The worker dies here: the hand-off is never run, the row never released.
-    baton = handoff.take()
-    assert baton is not None
+    _, baton = _pong_offered(handing, handing_broker, relay)
     assert relay.drain_once() == 0
     clock = Clock(handing, ["pingpong"])
     try:
