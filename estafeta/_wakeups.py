@@ -56,7 +56,7 @@ class Waker:
         """Wake ``schema``'s relays and projectors soon (call after the commit).
 
         ``relays=False``: its projectors only (the step's one message is handed off, see
-        ``estafeta._handoff``: a relay woken now would race the hand-off for its row).
+        ``estafeta._handoff``: its row is leased, so a relay woken now would find nothing due).
         """
         with self._mutex:
             self._projectors.add(schema)
