@@ -16,6 +16,7 @@ position that commits after a larger one was read. Two safe ways to read the who
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -25,7 +26,7 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import pq, sql
+from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from . import plan
@@ -43,7 +44,7 @@ _NO_LIMIT = 2**62
 _END_OF_TIME = "infinity"
 
 
-def _query(name: str, schema: str) -> sql.Composed:
+def _query(name: str, schema: str) -> bytes:
     return query(name, schema, _FILE)
 
 
@@ -134,6 +135,11 @@ def append(
     return appended(result)
 
 
+@functools.cache
+def _append_query(variant: str, schema: str) -> bytes:
+    return b"WITH stream AS (" + _query(variant, schema) + b") " + _query("insert_events", schema)
+
+
 def append_statement(
     schema: str, stream_id: str, events: Sequence[NewEvent], *, expected: int | None, stream_type: str
 ) -> plan.Statement:
@@ -141,7 +147,7 @@ def append_statement(
     if not events:
         raise ValueError(f"nothing to append to stream {stream_id!r}")
     variant = "stream_any" if expected is None else "stream_new" if expected == 0 else "stream_expected"
-    statement = sql.SQL("WITH stream AS ({}) {}").format(_query(variant, schema), _query("insert_events", schema))
+    statement = _append_query(variant, schema)
     params = {
         "stream_id": stream_id,
         "stream_type": stream_type,

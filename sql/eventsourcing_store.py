@@ -13,7 +13,6 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from .queries import query
@@ -22,7 +21,7 @@ _FILE = "eventsourcing.sql"
 _NO_LIMIT = 2**62
 
 
-def _query(name: str, schema: str) -> sql.Composed:
+def _query(name: str, schema: str) -> bytes:
     return query(name, schema, _FILE)
 
 

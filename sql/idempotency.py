@@ -13,7 +13,6 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from . import plan, queries
@@ -39,9 +38,9 @@ def names() -> list[str]:
 
 
 @functools.cache
-def query(name: str, schema: str) -> sql.Composed:
+def query(name: str, schema: str) -> bytes:
     """The query ``name`` with ``{schema}`` bound to ``schema`` as an identifier."""
-    return sql.SQL(queries.body("idempotency.sql", name)).format(schema=sql.Identifier(schema))
+    return queries.query(name, schema, "idempotency.sql")
 
 
 def claim(

@@ -46,7 +46,7 @@ class Fetch(enum.Enum):
 class Statement:
     """One statement of a plan, and what the plan needs back from it."""
 
-    query: sql.SQL | sql.Composed | str
+    query: sql.SQL | sql.Composed | str | bytes
     params: Mapping[str, Any] | Sequence[Any] | None = None
     fetch: Fetch = Fetch.NOTHING
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import attrs
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 
 from .event_store import StoredEvent
@@ -23,7 +22,7 @@ _FILE = "projections.sql"
 LAG_COUNT_CAP = 1_000_000
 
 
-def _query(name: str, schema: str) -> sql.Composed:
+def _query(name: str, schema: str) -> bytes:
     return query(name, schema, _FILE)
 
 

@@ -43,8 +43,18 @@ def names() -> list[str]:
 
 
 @functools.cache
-def query(name: str, schema: str, filename: str = "queries.sql") -> sql.Composed:
+def query(name: str, schema: str, filename: str = "queries.sql") -> bytes:
     """The query ``name`` of ``sql/<filename>`` with ``{schema}`` bound to the service schema ``schema``."""
     text = body(filename, name)
     # Literal braces are not used in these files, so format() only sees {schema}.
-    return sql.SQL(text).format(schema=sql.Identifier(schema))
+    return rendered(sql.SQL(text).format(schema=sql.Identifier(schema)))
+
+
+def rendered(statement: sql.Composable) -> bytes:
+    """``statement`` as the bytes psycopg would send, for a cache of statements run again and again.
+
+    psycopg renders a :class:`~psycopg.sql.Composed` again at every execution (each identifier
+    escaped anew): about 5% of a step's client CPU when its statements were cached as ``Composed``.
+    Identifiers are quoted in Python and the text is UTF-8, the encoding of every pool the runtime opens.
+    """
+    return statement.as_bytes(None)

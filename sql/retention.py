@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from .queries import query
 
@@ -39,13 +38,13 @@ def prune(
     return delete_in_batches(conn, query(f"prune_{table}", schema), params)
 
 
-def count(conn: psycopg.Connection[Any], statement: sql.Composed, params: dict[str, Any]) -> int:
+def count(conn: psycopg.Connection[Any], statement: bytes, params: dict[str, Any]) -> int:
     """The count a ``SELECT count(*)`` statement returns."""
     row = conn.execute(statement, params).fetchone()
     return int(row[0]) if row else 0
 
 
-def delete_in_batches(conn: psycopg.Connection[Any], statement: sql.Composed, params: dict[str, Any]) -> int:
+def delete_in_batches(conn: psycopg.Connection[Any], statement: bytes, params: dict[str, Any]) -> int:
     """Run a ``DELETE`` bounded by ``params["batch"]`` until it deletes fewer; return the total."""
     total = 0
     while True:

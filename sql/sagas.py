@@ -128,14 +128,16 @@ def names() -> list[str]:
 
 
 @functools.cache
-def query(name: str, table: SagaTable) -> sql.Composed:
+def query(name: str, table: SagaTable) -> bytes:
     """The query ``name`` with the schema, table, log and key column of ``table`` bound as identifiers."""
     body = queries.body("sagas.sql", name)
-    return sql.SQL(body).format(
-        schema=sql.Identifier(table.schema),
-        table=sql.Identifier(table.table),
-        log=sql.Identifier(table.log),
-        key=sql.Identifier(table.key),
+    return queries.rendered(
+        sql.SQL(body).format(
+            schema=sql.Identifier(table.schema),
+            table=sql.Identifier(table.table),
+            log=sql.Identifier(table.log),
+            key=sql.Identifier(table.key),
+        )
     )
 
 

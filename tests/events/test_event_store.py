@@ -280,6 +280,6 @@ def test_the_gap_safe_read_walks_its_index_in_order_without_sorting(
         store.append(conn, f"order-{n}", [created(str(n))])
     conn.execute("SET enable_seqscan = off")  # a table this small would rather be scanned and sorted
     params = {"after_tx_id": 0, "after_position": 10, "limit": 5, "all_types": True, "types": []}
-    explain = sql.SQL("EXPLAIN ") + query("read_safe", store.schema, "events.sql")
+    explain = b"EXPLAIN " + query("read_safe", store.schema, "events.sql")
     plan = "\n".join(row[0] for row in conn.execute(explain, params))
     assert "Index Scan using events_tx_position" in plan and "Sort" not in plan, plan
