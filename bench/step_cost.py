@@ -164,8 +164,11 @@ def _pending(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, OutboxRow]]:
                 yield service.name, OutboxRow.from_row(row)
 
 
-def run(orders: int, pings: int) -> dict[str, Cost]:
-    """Deliver ``pings`` ping/pongs and ``orders`` whole order sagas; return the cost per actor."""
+def run(orders: int, pings: int, admin: str = ADMIN_DSN) -> dict[str, Cost]:
+    """Deliver ``pings`` ping/pongs and ``orders`` whole order sagas; return the cost per actor.
+
+    ``admin``: the server to create the scratch database on.
+    """
 
     def prepare(dsn: str) -> None:
         runtime = Runtime(Settings(database_url=dsn))
@@ -173,7 +176,7 @@ def run(orders: int, pings: int) -> dict[str, Cost]:
         runtime.close()
 
     costs: dict[str, Cost] = collections.defaultdict(Cost)
-    with scratch_database(ADMIN_DSN, prepare) as dsn, tempfile.TemporaryDirectory() as folder:
+    with scratch_database(admin, prepare) as dsn, tempfile.TemporaryDirectory() as folder:
         runtime = Runtime(Settings(database_url=dsn, pool_size=1))
         steps = app.steps
         owner = {spec.actor_name: spec.service for spec in steps.values()}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from sql import migrate
+from sql.plan import Statement
 
 from . import _outbox as outbox
 from ._errors import RoutingError
@@ -81,6 +82,7 @@ class Service:
         *,
         name: str | None = None,
         lock: Callable[[Any], str] | None = None,
+        opening: Callable[[Any], Statement | None] | None = None,
         **actor_options: Any,
     ) -> Callable[[Callable[..., Any]], StepSpec]:
         """Declare ``fn(ctx, command)`` as the step ``<service>.<name>`` handling ``handles`` messages.
@@ -90,10 +92,18 @@ class Service:
         run their transactions at the same time, whichever process runs them. Other keyword
         arguments are Dramatiq actor options (``max_retries``, ``min_backoff``...). The
         decorated name becomes the :class:`StepSpec` (still callable as ``fn(ctx, command)``).
+
+        ``opening`` maps the command to a statement (``sql.plan.Statement``) run in the step's
+        first round trip, after its inbox record, its lock and its savepoint, in place of the
+        function's first round trip: the row the step is about, locked (``FOR UPDATE``). Its
+        rows reach the function as ``ctx.opening`` (dicts), ``None`` when it gives no statement.
+        A duplicate delivery runs it too, and ignores it.
         """
 
         def decorate(fn: Callable[..., Any]) -> StepSpec:
-            spec = StepSpec(self.name, name or fn.__name__, handles, fn, lock, actor_options, owner=self)
+            spec = StepSpec(
+                self.name, name or fn.__name__, handles, fn, lock, actor_options, owner=self, opening=opening
+            )
             existing = self._steps.get(spec.actor_name)
             if existing is not None and existing.fn is not fn:
                 raise ValueError(f"a step named {spec.actor_name!r} is already declared")

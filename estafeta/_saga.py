@@ -164,7 +164,7 @@ class Saga:
         self.table = SagaTable(service.name, f"saga_{name}", f"saga_{name}_log", key)
         #: The SQL type of the key column, from the data class's annotation of ``key``.
         self.key_type = _key_type(data, key)
-        self.reply_step: StepSpec = service.step(Reply, name=f"saga_{name}_reply")(self.on_reply)
+        self.reply_step: StepSpec = service.step(Reply, name=f"saga_{name}_reply", opening=self._opening)(self.on_reply)
         service.adopt_saga(self)
 
     def _check(self) -> None:
@@ -255,13 +255,30 @@ class Saga:
 
     # -- the orchestrator step ------------------------------------------------------------
 
+    def _opening(self, reply: Reply) -> plan.Statement | None:
+        """The reply step's opening statement: its saga's row, locked in the step's first round trip.
+
+        ``None`` for a reply that names another saga kind or no saga id: ``on_reply`` refuses it.
+        """
+        context = reply.context
+        if context.get("saga") != self.name:
+            return None
+        try:
+            saga_id = uuid.UUID(str(context["saga_id"]))
+        except (KeyError, ValueError):
+            return None
+        return store.lock_statement(self.table, saga_id)
+
     def on_reply(self, ctx: StepContext, reply: Reply) -> None:
         """Handle a participant's reply: move the saga on if it answers the current command."""
         context = reply.context
         if context.get("saga") != self.name:
             raise BusinessFailure(f"a reply for saga kind {context.get('saga')!r} reached {self.reply_actor}")
         saga_id = uuid.UUID(str(context["saga_id"]))
-        row = store.lock(ctx.conn, self.table, saga_id)
+        if ctx.opening is not None:  # locked in the step's first round trip (``_opening``)
+            row = SagaRow.from_row(ctx.opening[0]) if ctx.opening else None
+        else:
+            row = store.lock(ctx.conn, self.table, saga_id)
         if row is None:
             raise BusinessFailure(f"no {self.name} saga {saga_id}")
         late = reply.ok and self._answers_given_up(row, context)

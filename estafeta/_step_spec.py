@@ -7,6 +7,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from sql.plan import Statement
+
 
 @attrs.frozen
 class StepSpec:
@@ -26,6 +28,9 @@ class StepSpec:
     actor_options: Mapping[str, Any] = attrs.field(factory=dict)
     #: The declaring service: the messages this step sends are routed through its app.
     owner: Owner | None = attrs.field(default=None, eq=False, repr=False)
+    #: A function of the command giving a statement for the step's first round trip (or
+    #: ``None``): its rows reach the function as ``ctx.opening`` (see ``Service.step``).
+    opening: Callable[[Any], Statement | None] | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def actor_name(self) -> str:

@@ -30,8 +30,9 @@ from typing import Any
 import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
 
-from sql import inbox
+from sql import inbox, plan
 from sql.errors import DatabaseError
 from sql.queries import query
 
@@ -53,6 +54,8 @@ class Opened:
     #: A hand-off found its outbox row gone or held (``begin``'s ``handoff_from``): a relay
     #: publishes it. Its transaction is to be rolled back, its work not done.
     relayed: bool = False
+    #: The rows of ``begin``'s ``opening`` statement (dicts), if it was given one.
+    opening: list[dict[str, Any]] | None = None
 
 
 @attrs.frozen
@@ -79,6 +82,7 @@ def begin(
     alone: bool = True,
     copies: int = 1,
     handoff_from: str | None = None,
+    opening: plan.Statement | None = None,
 ) -> Opened:
     """Count the delivery, then open the step's transaction, in one round trip.
 
@@ -109,7 +113,11 @@ def begin(
     that schema's outbox; the transaction deletes it first (``claim_handoff``), or comes
     back ``relayed`` if a relay holds it or has published it, or an older row of its key is
     still to go.
+
+    ``opening``: a statement of the step's own (its row, locked), run after the savepoint
+    in the same round trip; its rows come back in ``Opened.opening``. A duplicate runs it too.
     """
+    opened = None
     with conn.pipeline():
         if conn.autocommit:
             conn.execute("BEGIN")
@@ -136,6 +144,14 @@ def begin(
                 conn, schema, consumer, message_id, lock_key, lock_timeout_ms=lock_timeout_ms, wakeup=wakeup
             )
         conn.execute(f"SAVEPOINT {SAVEPOINT}")
+        if opening is not None:
+            opened = conn.cursor(row_factory=dict_row)
+            plan.json_as_python(opened)
+            opened.execute(opening.query, opening.params)
+    rows = None
+    if opened is not None:
+        rows = opened.fetchall() if opened.description else []
+        opened.close()
     if handed is not None and handed.rowcount != 1:
         return Opened(attempts=0, first=False, relayed=True)
     if counted is None:
@@ -145,7 +161,7 @@ def begin(
         if row is None:
             return Opened(attempts=0, first=recorded.rowcount == 1, suspect=True)
         attempts = int(row[0])
-    return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1)
+    return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1, opening=rows)
 
 
 def roll_back_work(conn: psycopg.Connection[Any]) -> None:

@@ -94,6 +94,8 @@ class StepContext:
     resources: dict[str, Any] = attrs.field(factory=dict)
     #: What :meth:`before_commit` asked to run once the step's function has returned.
     commit_hooks: list[Callable[[], object]] = attrs.field(factory=list)
+    #: The rows of the step's ``opening`` statement, run in its first round trip (``Service.step``).
+    opening: list[dict[str, Any]] | None = None
 
     @property
     def fencing_token(self) -> int | None:
@@ -424,6 +426,7 @@ def _run(
             router=spec.router,
             lock=held,
             event_store=getattr(spec.owner, "event_store", None),
+            opening=opened.opening,
         )
         try:
             result = spec.fn(ctx, command)
@@ -471,10 +474,12 @@ def _begin(
     """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
 
     A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
+    The step's ``opening`` statement, if it gives one for ``command``, runs in the same round trip.
     ``uncounted``: the deliveries no count holds (:func:`_uncounted`); ``alone`` and
     ``copies``: when the count holds a suspect back; ``handoff_from``: the outbox of a
     hand-off's row (``step_tx.begin``).
     """
+    opening = spec.opening(command) if spec.opening is not None else None
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
         return step_tx.begin(
@@ -489,6 +494,7 @@ def _begin(
             alone=alone,
             copies=copies,
             handoff_from=handoff_from,
+            opening=opening,
         )
     assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     started = time.perf_counter()
@@ -506,6 +512,7 @@ def _begin(
             alone=alone,
             copies=copies,
             handoff_from=handoff_from,
+            opening=opening,
         )
     except psycopg.errors.LockNotAvailable:
         metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()

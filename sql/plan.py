@@ -158,7 +158,7 @@ def execute(conn: psycopg.Connection[Any], statement: Statement) -> Result | Non
         return None
     factory = dict_row if statement.fetch is Fetch.DICTS else tuple_row
     with conn.cursor(row_factory=factory) as cur:
-        _json_as_python(cur)
+        json_as_python(cur)
         cur.execute(statement.query, statement.params)
         if statement.fetch is Fetch.ROWCOUNT:
             return Result(rowcount=cur.rowcount)
@@ -172,14 +172,14 @@ async def execute_async(conn: psycopg.AsyncConnection[Any], statement: Statement
         return None
     factory = dict_row if statement.fetch is Fetch.DICTS else tuple_row
     async with conn.cursor(row_factory=factory) as cur:
-        _json_as_python(cur)
+        json_as_python(cur)
         await cur.execute(statement.query, statement.params)
         if statement.fetch is Fetch.ROWCOUNT:
             return Result(rowcount=cur.rowcount)
         return Result(await cur.fetchall() if cur.description else [], cur.rowcount)
 
 
-def _json_as_python(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+def json_as_python(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
     # The plans read JSON columns as Python values, psycopg's default; a framework may have
     # changed that on its connections (Django loads jsonb as text, for its JSONField). The
     # cursor's adapters are its own copy: the caller's connection keeps its loaders.

@@ -199,9 +199,14 @@ def lock(conn: psycopg.Connection[Any], table: SagaTable, saga_id: uuid.UUID) ->
     return _one(conn, "lock_saga", table, {"saga_id": saga_id})
 
 
+def lock_statement(table: SagaTable, saga_id: uuid.UUID) -> plan.Statement:
+    """:func:`lock`'s statement (its dict row is a :meth:`SagaRow.from_row`)."""
+    return plan.Statement(query("lock_saga", table), {"saga_id": saga_id}, plan.Fetch.DICTS)
+
+
 def lock_plan(table: SagaTable, saga_id: uuid.UUID) -> plan.Plan[SagaRow | None]:
     """:func:`lock`, as a plan."""
-    result = yield plan.Statement(query("lock_saga", table), {"saga_id": saga_id}, plan.Fetch.DICTS)
+    result = yield lock_statement(table, saga_id)
     row = result.first()
     return SagaRow.from_row(row) if row else None
 

@@ -524,3 +524,19 @@ def _command(_state: object) -> object:
 def test_a_malformed_saga_is_refused_when_declared(steps: list[SagaStep], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Saga("malformed", service=Service("scratch"), data=dict, key="order_id", steps=steps)
+
+
+def test_a_reply_locks_its_saga_in_its_first_round_trip(database_url: str) -> None:
+    """The reply step's opening statement (``Saga._opening``): the saga's row comes locked with the inbox record.
+
+    Counted from the libpq trace of each delivery (``bench.step_cost``, on a database of its
+    own): the count and the transaction's opening with the saga's row, the transition, the
+    ``on_transition`` hook's event, the commit. Without the opening statement: 5.
+    """
+    from bench import step_cost
+
+    from .services import admin_dsn
+
+    reply = step_cost.run(orders=2, pings=0, admin=admin_dsn())["orders.saga_order_reply"]
+    assert reply.deliveries == 8
+    assert reply.round_trips == 4 * reply.deliveries
