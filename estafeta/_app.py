@@ -96,8 +96,9 @@ class Service:
         ``opening`` maps the command to a statement (``sql.plan.Statement``) run in the step's
         first round trip, after its inbox record, its lock and its savepoint, in place of the
         function's first round trip: the row the step is about, locked (``FOR UPDATE``). Its
-        rows reach the function as ``ctx.opening`` (dicts), ``None`` when it gives no statement.
-        A duplicate delivery runs it too, and ignores it.
+        rows reach the function as ``ctx.opening`` (dicts); ``None`` when it gives no statement,
+        and when ``lock`` is a Redis lock (``ESTAFETA_LOCK_URL``), taken after that round trip:
+        the function then reads for itself. A duplicate delivery runs it too, and ignores it.
         """
 
         def decorate(fn: Callable[..., Any]) -> StepSpec:

@@ -474,12 +474,15 @@ def _begin(
     """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
 
     A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
-    The step's ``opening`` statement, if it gives one for ``command``, runs in the same round trip.
+    The step's ``opening`` statement, if it gives one for ``command``, runs in the same round
+    trip, unless the step's lock is a Redis lock.
     ``uncounted``: the deliveries no count holds (:func:`_uncounted`); ``alone`` and
     ``copies``: when the count holds a suspect back; ``handoff_from``: the outbox of a
     hand-off's row (``step_tx.begin``).
     """
-    opening = spec.opening(command) if spec.opening is not None else None
+    # A Redis lock is taken after this round trip: an opening run before it could lock a
+    # row that the lock's holder waits for. The function reads for itself (ctx.opening None).
+    opening = spec.opening(command) if spec.opening is not None and (spec.lock is None or in_transaction_lock) else None
     if not in_transaction_lock:
         timeout_ms = runtime.settings.lock_timeout_ms
         return step_tx.begin(

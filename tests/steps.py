@@ -13,6 +13,7 @@ import attrs
 
 from actors.pingpong import Pong
 from estafeta import BusinessFailure, StepContext, cancel
+from sql.plan import Fetch, Statement
 
 from .probe import SERVICE
 
@@ -172,3 +173,24 @@ class PassOn:
 @SERVICE.step(PassOn, name="test_pass_on")
 def pass_on(ctx: StepContext, command: PassOn) -> None:
     ctx.send(Explode(command.ping_id, times=command.times))
+
+
+@attrs.frozen
+class Peek:
+    """Record what the step's opening statement gave it, beside the transaction's start as the function reads it."""
+
+    ping_id: uuid.UUID
+
+
+#: What each ``test_peek`` delivery found, by ping id.
+PEEKED: dict[uuid.UUID, dict[str, object]] = {}
+
+
+def _peek_opening(command: Peek) -> Statement:
+    return Statement("SELECT %(id)s::uuid AS ping_id, now() AS started", {"id": command.ping_id}, Fetch.DICTS)
+
+
+@SERVICE.step(Peek, name="test_peek", lock=lambda c: f"peek:{c.ping_id}", opening=_peek_opening)
+def peek(ctx: StepContext, command: Peek) -> None:
+    started = ctx.conn.execute("SELECT now()").fetchone()
+    PEEKED[command.ping_id] = {"opening": ctx.opening, "started": started[0] if started else None}

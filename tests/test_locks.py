@@ -28,9 +28,11 @@ from .conftest import TEST_SETTINGS
 from .helpers import message_for, scalar, wait_until
 from .integration.processes import ROOT
 from .lock_steps import Charge, charges, open_account
+from .steps import PEEKED, Peek
 
 CHARGE = STEPS["probe.test_charge"]
 CHARGE_UNLOCKED = STEPS["probe.test_charge_unlocked"]
+PEEK = STEPS["probe.test_peek"]
 
 
 def lock_runtime(database_url: str, lock_url: str, **overrides: Any) -> Runtime:
@@ -224,3 +226,23 @@ def _advisory_waiters(conn: psycopg.Connection[Any]) -> int:
             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
     )
+
+
+def test_a_step_s_opening_statement_runs_in_its_transaction_unless_its_lock_is_taken_after_it(
+    locked: Runtime, lock_url: str
+) -> None:
+    """``opening``: with the PostgreSQL lock (taken in the same round trip) its rows reach the
+    function from the step's own transaction; a Redis lock is taken after that round trip,
+    so the statement is not run before it and the function reads for itself."""
+    ping_id = uuid.uuid4()
+    message = message_for(PEEK.actor_name, Peek(ping_id))
+    assert deliver(PEEK, locked, message) == "ok"
+    found = PEEKED[ping_id]
+    if lock_url == "postgres":
+        assert found["opening"] == [{"ping_id": ping_id, "started": found["started"]}]
+    else:
+        assert found["opening"] is None
+    # A duplicate is absorbed before the function: nothing more is recorded.
+    PEEKED.clear()
+    assert deliver(PEEK, locked, message) == "duplicate"
+    assert PEEKED == {}
