@@ -22,8 +22,9 @@ from typing import Any, NoReturn
 
 import attrs
 import psycopg
+from psycopg.rows import dict_row
 
-from estafeta import BusinessFailure, ConcurrencyConflict, Repository, Service, StepContext
+from estafeta import BusinessFailure, ConcurrencyConflict, Fetch, Repository, Service, Statement, StepContext
 
 from .ledger import EVENTS, Account, AccountGone, LedgerRefusal, project, stream_of
 from .migrations import MIGRATIONS
@@ -67,11 +68,20 @@ def _order_lock(command: ChargePayment | RefundPayment) -> str:
     return str(command.order_id)
 
 
-@SERVICE.step(ChargePayment, lock=_order_lock)
+_PAYMENT_OF_ORDER = "SELECT payment_id, status, reason FROM payments.payments WHERE order_id = %(order_id)s"
+
+
+def _payment_of_order(command: ChargePayment) -> Statement:
+    """The charge's opening statement: the order's payment row, read in the step's first round trip."""
+    return Statement(_PAYMENT_OF_ORDER, {"order_id": command.order_id}, Fetch.DICTS)
+
+
+@SERVICE.step(ChargePayment, lock=_order_lock, opening=_payment_of_order)
 def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
     """Charge the order once; refuse (business failure) without an account or enough money.
 
-    In one transaction: the order's payment row is looked up (a second charge finds it),
+    In one transaction: the order's payment row is looked up, in the step's first round trip
+    (its opening statement; a second charge finds it),
     the account is loaded from its events, ``MoneyWithdrawn`` is appended with the version
     it was loaded at, ``payments.accounts`` is updated and the payment row inserted. A
     concurrent charge of the same account makes the append raise ``ConcurrencyConflict``:
@@ -79,11 +89,12 @@ def charge_payment(ctx: StepContext, command: ChargePayment) -> dict[str, Any]:
     one decision: it is recorded, and every later charge of the order is refused too.
     """
     conn = ctx.conn
-    found = conn.execute(
-        "SELECT payment_id, status, reason FROM payments.payments WHERE order_id = %s", (command.order_id,)
-    ).fetchone()
-    if found is not None:
-        payment_id, status, reason = found
+    rows = ctx.opening
+    if rows is None:  # not run: the order's lock is a Redis lock, taken after the first round trip
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(_PAYMENT_OF_ORDER, {"order_id": command.order_id}).fetchall()
+    if rows:
+        payment_id, status, reason = rows[0]["payment_id"], rows[0]["status"], rows[0]["reason"]
         if status == "charged":
             return {"payment_id": str(payment_id)}
         if status == "refused":

@@ -34,6 +34,7 @@ from sql.errors import (
     StaleFencingToken,
     StatementFailed,
 )
+from sql.plan import Fetch, Statement
 
 from ._aggregates import Aggregate, Repository, StreamNotFound, applies
 from ._app import App, Service, load_app
@@ -94,6 +95,7 @@ __all__ = [
     "EventRegistry",
     "EventRegistryError",
     "EventStore",
+    "Fetch",
     "HttpResponse",
     "Idempotency",
     "IdempotencyKeyInFlight",
@@ -134,6 +136,7 @@ __all__ = [
     "Settings",
     "SettingsError",
     "StaleFencingToken",
+    "Statement",
     "StatementFailed",
     "StepContext",
     "StepEvents",

@@ -93,7 +93,7 @@ class Service:
         arguments are Dramatiq actor options (``max_retries``, ``min_backoff``...). The
         decorated name becomes the :class:`StepSpec` (still callable as ``fn(ctx, command)``).
 
-        ``opening`` maps the command to a statement (``sql.plan.Statement``) run in the step's
+        ``opening`` maps the command to a statement (:class:`Statement`) run in the step's
         first round trip, after its inbox record, its lock and its savepoint, in place of the
         function's first round trip: the row the step is about, locked (``FOR UPDATE``). Its
         rows reach the function as ``ctx.opening`` (dicts); ``None`` when it gives no statement,

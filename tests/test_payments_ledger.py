@@ -213,3 +213,26 @@ def test_opening_an_account_twice_at_once_opens_it_once(runtime: Runtime, conn, 
     assert sorted(opened) == [0, 1]
     assert event_types(conn, "c9") == ["AccountOpened"]
     assert ledger.projected_balances(conn, ["c9"]) == {"c9": 700}
+
+
+def test_a_second_charge_of_an_order_finds_its_payment_under_either_lock(
+    runtime: Runtime, conn, database_url: str, lock_url: str
+) -> None:
+    """The charge reads the order's payment in its opening statement (the PostgreSQL lock) or
+    itself (a Redis lock, taken after that round trip): either way a second charge command of
+    an order is answered without charging again, and a refused order stays refused."""
+    from .test_locks import lock_runtime
+
+    rt = lock_runtime(database_url, lock_url)
+    try:
+        seed(rt, {"c1": 5_000}, {})
+        order, refused = uuid.uuid4(), uuid.uuid4()
+        assert run(rt, CHARGE, ChargePayment(order, "c1", 3_000)) == "ok"
+        assert run(rt, CHARGE, ChargePayment(order, "c1", 3_000)) == "ok"  # another message, the same order
+        assert scalar(conn, "SELECT count(*) FROM payments.payments WHERE order_id = %s", order) == 1
+        assert ledger.projected_balances(conn, ["c1"]) == {"c1": 2_000}
+        assert run(rt, CHARGE, ChargePayment(refused, "c1", 9_000)) == "failed"
+        assert run(rt, CHARGE, ChargePayment(refused, "c1", 1_000)) == "failed"  # refused before: still refused
+        assert ledger.projected_balances(conn, ["c1"]) == {"c1": 2_000}
+    finally:
+        rt.close()
