@@ -19,7 +19,9 @@ in as many processes as estafeta has workers and in one, beside estafeta's sagas
 
 Work is placed in one transaction once the workers answer, and timed with the database's
 own timestamps, so process start-up is not counted. Figures measured while other work
-runs on the machine are noisy: say so when you quote them.
+runs on the machine are noisy: say so when you quote them. ``--rounds N`` measures every
+broker and DBOS N times, in turn, and prints the median round with every round's figures:
+on a shared two-core machine one round per broker is not a measurement.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -285,22 +287,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         kafka_url = _kafka(run_resources)
         if kafka_url:
             harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, *shape)))
-        for name, harness in harnesses:
-            if args.brokers and name not in args.brokers:
-                continue
-            _wipe(dsn)
-            with harness() as runtime:
-                measure_pings(runtime, 20)  # warm-up: the workers answer
-                results[name] = {
-                    "baseline": measure_pings(runtime, args.pings),
-                    "sagas": measure_sagas(runtime, args.orders, dsn),
-                }
-                if args.steady_rate > 0:
-                    results[name]["steady"] = measure_steady(runtime, args.steady_rate, args.steady_seconds)
+        rounds: dict[str, list[dict[str, Any]]] = {}
+        dbos_rounds: list[dict[str, Any]] = []
+        # Each round measures every broker and DBOS in turn: a drift of the machine's speed
+        # during the run falls on all of them, and the median round is reported.
+        for _ in range(args.rounds):
+            for name, harness in harnesses:
+                if args.brokers and name not in args.brokers:
+                    continue
+                _wipe(dsn)
+                with harness() as runtime:
+                    measure_pings(runtime, 20)  # warm-up: the workers answer
+                    found = {
+                        "baseline": measure_pings(runtime, args.pings),
+                        "sagas": measure_sagas(runtime, args.orders, dsn),
+                    }
+                    if args.steady_rate > 0:
+                        found["steady"] = measure_steady(runtime, args.steady_rate, args.steady_seconds)
+                rounds.setdefault(name, []).append(found)
+            if args.peers:
+                dbos_rounds.append(_dbos(args, dsn))
+        for name, found_in_rounds in rounds.items():
+            results[name] = median_round(
+                found_in_rounds, lambda r: r["sagas"]["sagas_per_second"], lambda r: r["sagas"]["cpu_ms_per_step"]
+            )
         if args.peers:
             results["peers"] = _peers(args, dsn, amqp)
-            results["dbos"] = _dbos(args, dsn)
+            results["dbos"] = {
+                shape: median_round(
+                    [r[shape] for r in dbos_rounds], lambda r: r["sagas_per_second"], lambda r: r["cpu_ms_per_saga"]
+                )
+                for shape in (dbos_rounds[0] if dbos_rounds else {})
+            }
     return results
+
+
+def median_round(
+    found: list[dict[str, Any]], rate: Callable[[dict[str, Any]], float], cpu_ms: Callable[[dict[str, Any]], float]
+) -> dict[str, Any]:
+    """The round with the median ``rate`` (the lower middle of an even number), and every round's rate and CPU.
+
+    ``rounds`` lists ``[rate, cpu_ms]`` of each round, in the order they ran.
+    """
+    ordered = sorted(found, key=rate)
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    median["rounds"] = [[rate(r), cpu_ms(r)] for r in found]
+    return median
+
+
+def _rounds_line(label: str, rounds: list[list[float]], cpu_label: str) -> str:
+    rates = ", ".join(f"{rate:.1f}" for rate, _ in rounds)
+    cpu = ", ".join(f"{ms:.2f}" for _, ms in rounds)
+    return f"{label}{len(rounds)} rounds, in the order run: sagas/s {rates}; {cpu_label} {cpu} (shown: the median)"
 
 
 def _kafka(resources: contextlib.ExitStack) -> str | None:
@@ -357,6 +395,9 @@ def table(results: dict[str, Any], processes: int, threads: int) -> str:
             f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}{sagas['cpu_ms_per_step']:>13.2f}"
         )
     for name, r in brokers.items():
+        if len(r.get("rounds", [])) > 1:
+            lines.append(_rounds_line(f"{name:<12}", r["rounds"], "CPU ms/step"))
+    for name, r in brokers.items():
         split = ", ".join(f"{group} {ms:.2f}" for group, ms in r["sagas"]["cpu_ms_per_step_by_process"].items())
         lines.append(f"{name:<12}CPU ms per saga step by process: {split}")
         lines.append(f"{name:<12}{database_line(r['sagas']['database_per_step'])}")
@@ -411,6 +452,9 @@ def _saga_peer_lines(brokers: dict[str, Any], dbos: dict[str, Any]) -> list[str]
     )
     lines.append(f"  estafeta sagas/s = {multiples} DBOS's in {same['processes']} processes (as its workers)")
     for shape, r in dbos.items():
+        if len(r.get("rounds", [])) > 1:
+            lines.append(_rounds_line(f"  DBOS, {shape}: ", r["rounds"], "CPU ms/saga"))
+    for shape, r in dbos.items():
         split = ", ".join(f"{group} {ms:.1f}" for group, ms in r["cpu_ms_per_saga_by_process"].items())
         lines.append(f"  DBOS, {shape}: CPU ms per saga by process: {split}")
     return lines
@@ -425,6 +469,13 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=8, help="threads per worker process (default 8)")
     parser.add_argument("--lanes", type=int, default=2, help="the relay's lanes on real brokers (default 2, its own)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every broker and DBOS this many times, in turn, and show the median round"
+        " beside every round's sagas/s and CPU (default 1)",
+    )
     parser.add_argument("--wakeup", choices=["notify", "after-commit", "poll"], help="ESTAFETA_WAKEUP of the workers")
     parser.add_argument(
         "--handoffs",
@@ -455,7 +506,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    options = parser()
+    args = options.parse_args(argv)
+    if args.rounds < 1:
+        options.error(f"--rounds must be at least 1, not {args.rounds}")
     results = run(args)
     if args.json:
         shape = {"processes": args.processes, "threads": args.threads}
