@@ -6,7 +6,6 @@ record commits or rolls back with the request's business change.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -37,7 +36,6 @@ def names() -> list[str]:
     return sorted(queries.parse("idempotency.sql"))
 
 
-@functools.cache
 def query(name: str, schema: str) -> bytes:
     """The query ``name`` with ``{schema}`` bound to ``schema`` as an identifier."""
     return queries.query(name, schema, "idempotency.sql")

@@ -54,7 +54,9 @@ def rendered(statement: sql.Composable) -> bytes:
     """``statement`` as the bytes psycopg would send, for a cache of statements run again and again.
 
     psycopg renders a :class:`~psycopg.sql.Composed` again at every execution (each identifier
-    escaped anew): about 5% of a step's client CPU when its statements were cached as ``Composed``.
-    Identifiers are quoted in Python and the text is UTF-8, the encoding of every pool the runtime opens.
+    escaped anew): 4-5 µs a statement. Rendered without a connection, identifiers are quoted in
+    Python and the text encoded as UTF-8. The named queries and service names
+    (``[a-z][a-z0-9_]*``) are ASCII, the same bytes in any client encoding; a saga's key
+    column is named after a Python identifier, which outside ASCII needs a UTF-8 client.
     """
     return statement.as_bytes(None)
