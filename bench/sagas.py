@@ -47,7 +47,8 @@ from dramatiq.brokers.stub import StubBroker
 from psycopg import sql
 
 from actors.app import app
-from actors.order_saga import place_order
+from actors.order_history import record_transition
+from actors.order_saga import ORDER_SAGA, place_order
 from actors.pingpong import SERVICE as pingpong_service
 from actors.pingpong import Ping
 from cli.seed import plan_orders, seed_services
@@ -112,17 +113,23 @@ def stub_harness(dsn: str) -> Iterator[Runtime]:
 
 @contextlib.contextmanager
 def process_harness(
-    dsn: str, broker_url: str, processes: int, threads: int = 8, lanes: int = 2, settings: Mapping[str, str] = {}
+    dsn: str,
+    broker_url: str,
+    processes: int,
+    threads: int = 8,
+    lanes: int = 2,
+    settings: Mapping[str, str] = {},
+    module: str = "actors",
 ) -> Iterator[Runtime]:
     """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes.
 
-    ``settings``: more ``ESTAFETA_*`` variables for them.
+    ``settings``: more ``ESTAFETA_*`` variables for them. ``module``: the workers' module.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
     env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=broker_url, ESTAFETA_RELAY_POLL_INTERVAL="0.05")
     env.update(settings)
     env["PYTHONPATH"] = str(ROOT)
-    argv = [str(BIN / "dramatiq"), "actors", "--processes", str(processes), "--threads", str(threads)]
+    argv = [str(BIN / "dramatiq"), module, "--processes", str(processes), "--threads", str(threads)]
     children = [
         subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for cmd in (argv, [str(BIN / "estafeta"), "relay", "--lanes", str(lanes)])
@@ -264,6 +271,29 @@ def measure_steady(runtime: Runtime, rate: float, seconds: float, placers: int =
 
 #: The row of the RabbitMQ run whose steps hand off (``--handoffs``, ``ESTAFETA_HANDOFFS``).
 HANDOFFS = "rabbitmq-ho"
+#: The row of the RabbitMQ run (with hand-offs, unless ``--handoffs 0``) without the order's
+#: history: DBOS's workload (``bench/actors_without_history.py``).
+NO_HISTORY = "ho-nohistory"
+
+
+@contextlib.contextmanager
+def without_history() -> Iterator[None]:
+    """This process places orders without the order saga's history hook (and gets it back after).
+
+    Its workers must run without it too: ``dramatiq bench.actors_without_history``.
+    """
+    ORDER_SAGA.on_transition = None
+    try:
+        yield
+    finally:
+        ORDER_SAGA.on_transition = record_transition
+
+
+@contextlib.contextmanager
+def no_history_harness(dsn: str, broker_url: str, *shape: Any) -> Iterator[Runtime]:
+    """:func:`process_harness` without the order's history (the ``ho-nohistory`` row)."""
+    with without_history(), process_harness(dsn, broker_url, *shape, module="bench.actors_without_history") as runtime:
+        yield runtime
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -278,9 +308,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if reachable(args.amqp_url, 5672):
             amqp = run_resources.enter_context(rabbitmq_vhost(args.amqp_url))
             harnesses.append(("rabbitmq", lambda: process_harness(dsn, amqp, *shape)))
+            handing = (*shape[:3], {**wakeup, "ESTAFETA_HANDOFFS": str(args.handoffs)})
             if args.handoffs:
-                handing = (*shape[:3], {**wakeup, "ESTAFETA_HANDOFFS": str(args.handoffs)})
                 harnesses.append((HANDOFFS, lambda: process_harness(dsn, amqp, *handing)))
+            harnesses.append((NO_HISTORY, lambda: no_history_harness(dsn, amqp, *handing)))
         if reachable(args.redis_url, 6379):
             redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
             harnesses.append(("redis", lambda: process_harness(dsn, redis_url, *shape)))
@@ -491,7 +522,7 @@ def parser() -> argparse.ArgumentParser:
         "--broker",
         dest="brokers",
         action="append",
-        choices=["stub", "rabbitmq", HANDOFFS, "redis", "kafka"],
+        choices=["stub", "rabbitmq", HANDOFFS, NO_HISTORY, "redis", "kafka"],
         help="only this broker (repeatable; default: every reachable one)",
     )
     parser.add_argument(

@@ -1,6 +1,6 @@
 """Where a worker's CPU goes: py-spy samples of ``dramatiq actors`` answering ping/pongs (or order sagas), by package.
 
-    python -m bench.worker_profile [--pings 3000 | --sagas 600] [--seconds 15] [--top 15]
+    python -m bench.worker_profile [--pings 3000 | --sagas 600 [--no-history]] [--handoffs 8] [--seconds 15] [--top 15]
 
 On a scratch database and RabbitMQ vhost, one ``dramatiq actors --processes 1 --threads 8``
 and one ``estafeta relay`` run; pings are written in one transaction and py-spy samples the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import random
 import subprocess
@@ -33,7 +34,7 @@ from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings
 
 from .common import describe, machine, rabbitmq_vhost, scratch_database, stop
-from .sagas import _migrate, _wait
+from .sagas import _migrate, _wait, without_history
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -115,17 +116,28 @@ def shares(collapsed: str) -> dict[str, float]:
     return {name: count / total for name, count in counts.most_common()}
 
 
-def profile(database_url: str, amqp_url: str, pings: int, seconds: float, sagas: int = 0, handoffs: int = 0) -> str:
+def profile(
+    database_url: str,
+    amqp_url: str,
+    pings: int,
+    seconds: float,
+    sagas: int = 0,
+    handoffs: int = 0,
+    history: bool = True,
+) -> str:
     """Run the worker and the relay, answer ``pings`` ping/pongs (or run ``sagas`` order sagas) under py-spy.
 
-    ``handoffs``: the worker's ``ESTAFETA_HANDOFFS``. Returns py-spy's raw (collapsed) samples.
+    ``handoffs``: the worker's ``ESTAFETA_HANDOFFS``. ``history=False``: the order sagas
+    without the order's history (``bench.sagas``'s ``ho-nohistory`` row). Returns py-spy's
+    raw (collapsed) samples.
     """
     with scratch_database(database_url, _migrate) as dsn, rabbitmq_vhost(amqp_url) as amqp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
         env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=amqp, PYTHONPATH=str(ROOT))
         env.update(ESTAFETA_HANDOFFS=str(handoffs))
+        module = "actors" if history else "bench.actors_without_history"
         worker = subprocess.Popen(
-            [str(BIN / "dramatiq"), "actors", "--processes", "1", "--threads", "8"],
+            [str(BIN / "dramatiq"), module, "--processes", "1", "--threads", "8"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         relay = subprocess.Popen(
@@ -147,7 +159,8 @@ def profile(database_url: str, amqp_url: str, pings: int, seconds: float, sagas:
                 )  # fmt: skip
                 time.sleep(1)
                 if sagas:
-                    _place(runtime, sagas)
+                    with contextlib.nullcontext() if history else without_history():
+                        _place(runtime, sagas)
                 else:
                     with database.transaction() as conn:
                         for _ in range(pings):
@@ -177,14 +190,22 @@ def main() -> None:
     parser.add_argument("--sagas", type=int, default=0, help="order sagas instead of ping/pongs (0: ping/pongs)")
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--handoffs", type=int, default=0, help="ESTAFETA_HANDOFFS of the worker (default 0)")
+    parser.add_argument(
+        "--no-history",
+        dest="history",
+        action="store_false",
+        help="order sagas without the order's history (as bench.sagas's ho-nohistory row)",
+    )
     parser.add_argument("--top", type=int, default=0, help="also list this many functions (0: only packages)")
     default_database = "host=127.0.0.1 port=5432 user=postgres dbname=test"
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", default_database))
     parser.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
     args = parser.parse_args()
     started = time.monotonic()
-    raw = profile(args.database_url, args.amqp_url, args.pings, args.seconds, args.sagas, args.handoffs)
+    raw = profile(args.database_url, args.amqp_url, args.pings, args.seconds, args.sagas, args.handoffs, args.history)
     workload = f"{args.sagas} order sagas" if args.sagas else f"{args.pings} ping/pongs"
+    if args.sagas and not args.history:
+        workload += " without the order's history"
     print(f"worker profile, {workload}: {describe(machine())}; {time.monotonic() - started:.0f} s")
     print("share of the worker's CPU samples, by the innermost frame's package:")
     for name, share in shares(raw).items():
