@@ -225,6 +225,27 @@ def wait_for_standbys(conn: psycopg.Connection[Any], standbys: int, timeout: flo
         pause = min(pause * 2, 0.05)
 
 
+@attrs.frozen
+class Due:
+    """What :func:`due_now` found in one outbox."""
+
+    #: A pending row is due now.
+    now: bool
+    #: If none is: seconds until the next pending row falls due (``None``: there is none).
+    next_in: float | None
+
+
+def due_now(conn: psycopg.Connection[Any], schemas: Sequence[str]) -> dict[str, Due]:
+    """For each outbox of ``schemas`` (all on ``conn``'s database), in one round trip: a row due now, or when next."""
+    with conn.pipeline():
+        asked = {schema: conn.execute(query("due_probe", schema)) for schema in schemas}
+    found = {}
+    for schema, cursor in asked.items():
+        any_due, next_in = cursor.fetchone() or (False, None)  # the probe's one row
+        found[schema] = Due(bool(any_due), None if next_in is None else max(float(next_in), 0.0))
+    return found
+
+
 def seconds_until_next_due(conn: psycopg.Connection[Any], schema: str) -> float | None:
     """Seconds until the next delayed or backing-off row becomes due; ``None`` if there is none."""
     row = conn.execute(query("next_due", schema)).fetchone()

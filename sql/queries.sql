@@ -258,6 +258,21 @@ SET attempts = greatest(attempts, 0) + 1,
     available_at = {schema}.clock_now() + %(backoff)s::interval
 WHERE id = ANY(%(ids)s::bigint[])
 
+-- due_probe --
+-- A polling relay's question before it claims: is any pending row due now, and if none is,
+-- in how many seconds does the next one fall due (NULL: none)? Claiming from an outbox with
+-- nothing due costs a transaction and two round trips; this costs one statement, pipelined
+-- with the other outboxes' of the same database. A row due now (claimable or not: a key
+-- held back by its head still counts) sends the relay to claim, as it always did.
+SELECT due.any_due,
+       CASE WHEN NOT due.any_due THEN
+           (SELECT extract(epoch FROM min(available_at) - {schema}.clock_now())::float8
+            FROM {schema}.outbox
+            WHERE status = 'pending' AND available_at > {schema}.clock_now())
+       END
+FROM (SELECT EXISTS (SELECT 1 FROM {schema}.outbox
+                     WHERE status = 'pending' AND available_at <= {schema}.clock_now()) AS any_due) AS due
+
 -- next_due --
 -- Seconds until the next pending row that is not due yet becomes due (NULL: none).
 SELECT extract(epoch FROM min(available_at) - {schema}.clock_now())::float8

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
@@ -180,6 +181,44 @@ def test_a_notify_drains_only_the_outbox_it_names(conn, runtime, stub_broker, qu
         wait_until(lambda: relay.idle.is_set(), what="the relay idle again")
     # Every other outbox used to get a batch (a claim transaction) for each NOTIFY too.
     assert set(drained) == {SCHEMA}
+
+
+def test_a_poll_claims_only_from_the_outboxes_with_a_row_due(conn, runtime, stub_broker, queue) -> None:
+    relay = make_relay(runtime, stub_broker, poll_interval=0.05)
+    assert len(relay.outboxes) > 1
+    drained: list[str] = []
+    batch = relay.relay_batch
+
+    def recording(outbox: Any) -> Any:
+        drained.append(outbox.schema)
+        return batch(outbox)
+
+    relay.relay_batch = recording  # type: ignore[method-assign]
+    with running(relay):
+        drained.clear()
+        # Written without a NOTIFY: only a poll finds it.
+        conn.execute(
+            "INSERT INTO pingpong.outbox (message_id, queue_name, actor_name, message)"
+            " VALUES (gen_random_uuid(), %s, %s, %s)",
+            (QUEUE, f"{QUEUE}.record", Jsonb({"args": [{"key": None, "seq": 0}], "kwargs": {}, "options": {}})),
+        )
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0, timeout=10)
+        time.sleep(0.5)  # ten more polls, every outbox empty
+    # A poll used to claim from every outbox, a transaction each, whatever they held.
+    assert drained == [SCHEMA]
+    assert check_order(arrivals(drain_stub(stub_broker)), {None: [0]}) == 0
+
+
+def test_the_poll_s_probe_tells_due_rows_from_later_ones(conn, runtime) -> None:
+    later, due = timedelta(hours=1), timedelta(0)
+    add(conn, "a", 0, delay=later)
+    found = store.due_now(conn, [SCHEMA, "orders"])
+    assert found["orders"] == store.Due(now=False, next_in=None)
+    assert not found[SCHEMA].now and found[SCHEMA].next_in == pytest.approx(3600, abs=60)
+    add(conn, "b", 0, delay=due)
+    assert store.due_now(conn, [SCHEMA])[SCHEMA] == store.Due(now=True, next_in=None)
+    conn.execute("UPDATE pingpong.outbox SET status = 'failed' WHERE available_at <= now()")
+    assert store.due_now(conn, [SCHEMA])[SCHEMA].now is False, "a parked row waits for an operator, not a poll"
 
 
 def test_a_delayed_row_falls_due_though_another_outbox_woke_the_relay_since(conn, runtime, stub_broker, queue):
