@@ -53,6 +53,8 @@ def publish(conn: psycopg.Connection[Any], event: Any, **options: Any) -> list[u
 
 #: The outbox inserts of steps in progress, sent with their commit: by ``id()`` of the step's connection.
 _held: dict[int, list[plan.Statement]] = {}
+#: The steps in progress that wrote to their outbox (:func:`wrote`): ``id()`` of the step's connection.
+_wrote: set[int] = set()
 
 
 @contextlib.contextmanager
@@ -67,15 +69,28 @@ def held_until_commit(conn: psycopg.Connection[Any]) -> Iterator[None]:
     does not see them before the commit.
     """
     _held[id(conn)] = []
+    _wrote.discard(id(conn))
     try:
         yield
     finally:
         _held.pop(id(conn), None)
+        _wrote.discard(id(conn))
+
+
+def wrote(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the step holding its rows on ``conn`` wrote to its outbox (sent, cancelled or rescheduled a message).
+
+    Read before :func:`held_until_commit` ends. A step that did not has nothing for a relay
+    to publish: ``estafeta._steps`` wakes none for it.
+    """
+    return id(conn) in _wrote
 
 
 def write_held(conn: psycopg.Connection[Any]) -> None:
     """Execute the outbox inserts held for ``conn`` (in a pipeline: queued, not waited for), in the order sent."""
     held = _held.get(id(conn))
+    if held:
+        _wrote.add(id(conn))
     while held:
         plan.execute(conn, held.pop(0))
 
@@ -214,6 +229,7 @@ def cancel(conn: psycopg.Connection[Any], message_id: uuid.UUID, *, service: str
     or never sent). The caller's commit makes the cancel final.
     """
     write_held(conn)
+    _wrote.add(id(conn))
     plan.run(conn, store.cancel_plan(service, message_id))
 
 
@@ -225,6 +241,7 @@ def reschedule(conn: psycopg.Connection[Any], message_id: uuid.UUID, at: datetim
     :class:`~estafeta.ScheduledMessageRefused` for a row whose publish failed for good.
     """
     write_held(conn)
+    _wrote.add(id(conn))
     plan.run(conn, store.reschedule_plan(service, message_id, at))
 
 

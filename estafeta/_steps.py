@@ -451,10 +451,12 @@ def _run(
                 baton = handoff.prepare(runtime, database, spec.service, conn)
                 outbox.write_held(conn)
                 _before_commit(held, conn)
-    # The one message sent may go straight on (estafeta._handoff): no relay is woken for it.
+        wrote = outbox.wrote(conn)
+    # The one message sent may go straight on (estafeta._handoff): no relay is woken for it,
+    # nor for a step that sent nothing (a saga's last transition, a step answering no one).
     handoff.offer(baton)
     if runtime.wakes_after_commit:
-        runtime.wake_after_commit(database, spec.service, relays=baton is None)
+        runtime.wake_after_commit(database, spec.service, relays=wrote and baton is None)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
 
