@@ -290,9 +290,12 @@ def without_history() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def no_history_harness(dsn: str, broker_url: str, *shape: Any) -> Iterator[Runtime]:
+def no_history_harness(
+    dsn: str, broker_url: str, processes: int, threads: int, lanes: int, settings: Mapping[str, str]
+) -> Iterator[Runtime]:
     """:func:`process_harness` without the order's history (the ``ho-nohistory`` row)."""
-    with without_history(), process_harness(dsn, broker_url, *shape, module="bench.actors_without_history") as runtime:
+    module = "bench.actors_without_history"
+    with without_history(), process_harness(dsn, broker_url, processes, threads, lanes, settings, module) as runtime:
         yield runtime
 
 
