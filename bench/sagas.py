@@ -20,8 +20,9 @@ in as many processes as estafeta has workers and in one, beside estafeta's sagas
 Work is placed in one transaction once the workers answer, and timed with the database's
 own timestamps, so process start-up is not counted. Figures measured while other work
 runs on the machine are noisy: say so when you quote them. ``--rounds N`` measures every
-broker and DBOS N times, in turn, and prints the median round with every round's figures:
-on a shared two-core machine one round per broker is not a measurement.
+broker and DBOS N times, in turn (every other round in the reverse order), and prints the
+median round with every round's figures: on a shared two-core machine one round per broker
+is not a measurement.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dramatiq
 import psycopg
@@ -323,11 +324,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             harnesses.append(("kafka", lambda: process_harness(dsn, kafka_url, *shape)))
         rounds: dict[str, list[dict[str, Any]]] = {}
         dbos_rounds: list[dict[str, Any]] = []
-        # Each round measures every broker and DBOS in turn: a drift of the machine's speed
-        # during the run falls on all of them, and the median round is reported.
-        for _ in range(args.rounds):
-            for name, harness in harnesses:
-                if args.brokers and name not in args.brokers:
+        # Each round measures every broker and DBOS in turn, every other round backwards: a
+        # drift of the machine's speed during the run falls on all of them alike, and the
+        # median round is reported.
+        measured = [(name, harness) for name, harness in harnesses if not args.brokers or name in args.brokers]
+        if args.peers:
+            measured.append((DBOS, None))
+        for number in range(args.rounds):
+            for name, harness in round_order(measured, number):
+                if harness is None:
+                    dbos_rounds.append(_dbos(args, dsn))
                     continue
                 _wipe(dsn)
                 with harness() as runtime:
@@ -339,8 +345,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if args.steady_rate > 0:
                         found["steady"] = measure_steady(runtime, args.steady_rate, args.steady_seconds)
                 rounds.setdefault(name, []).append(found)
-            if args.peers:
-                dbos_rounds.append(_dbos(args, dsn))
         for name, found_in_rounds in rounds.items():
             results[name] = median_round(
                 found_in_rounds, lambda r: r["sagas"]["sagas_per_second"], lambda r: r["sagas"]["cpu_ms_per_step"]
@@ -354,6 +358,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for shape in (dbos_rounds[0] if dbos_rounds else {})
             }
     return results
+
+
+#: DBOS's place among the variants a round measures (:func:`round_order`).
+DBOS = "dbos"
+
+T = TypeVar("T")
+
+
+def round_order(variants: list[T], number: int) -> list[T]:
+    """The order round ``number`` (from 0) measures ``variants`` in: as given, every other round backwards.
+
+    A machine that speeds up or slows down through a run (a shared host) would otherwise
+    favour whichever variant each round measures first.
+    """
+    return list(variants) if number % 2 == 0 else list(reversed(variants))
 
 
 def median_round(
@@ -507,8 +526,8 @@ def parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=1,
-        help="measure every broker and DBOS this many times, in turn, and show the median round"
-        " beside every round's sagas/s and CPU (default 1)",
+        help="measure every broker and DBOS this many times, in turn (every other round backwards),"
+        " and show the median round beside every round's sagas/s and CPU (default 1)",
     )
     parser.add_argument("--wakeup", choices=["notify", "after-commit", "poll"], help="ESTAFETA_WAKEUP of the workers")
     parser.add_argument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.sagas import median_round
+from bench.sagas import median_round, round_order
 
 
 def _round(rate: float, cpu_ms: float) -> dict[str, Any]:
@@ -30,3 +30,13 @@ def test_the_median_round_is_reported_with_every_round_in_the_order_run() -> Non
 def test_of_an_even_number_of_rounds_the_lower_middle_is_reported_and_one_round_is_itself() -> None:
     assert median_round([_round(40.0, 5.0), _round(31.0, 6.5)], _rate, _cpu)["sagas"]["sagas_per_second"] == 31.0
     assert median_round([_round(40.0, 5.0)], _rate, _cpu)["rounds"] == [[40.0, 5.0]]
+
+
+def test_every_other_round_measures_the_variants_backwards() -> None:
+    variants = ["rabbitmq", "rabbitmq-ho", "dbos"]
+    assert [round_order(variants, n) for n in range(3)] == [
+        ["rabbitmq", "rabbitmq-ho", "dbos"],
+        ["dbos", "rabbitmq-ho", "rabbitmq"],
+        ["rabbitmq", "rabbitmq-ho", "dbos"],
+    ]
+    assert variants == ["rabbitmq", "rabbitmq-ho", "dbos"]  # left as it was
