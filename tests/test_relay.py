@@ -163,8 +163,8 @@ def test_the_relay_wakes_when_a_delayed_row_falls_due(conn, runtime, stub_broker
     assert check_order(arrivals(drain_stub(stub_broker)), {"a": [0]}) == 0
 
 
-def test_a_notify_drains_only_the_outbox_it_names(conn, runtime, stub_broker, queue) -> None:
-    relay = make_relay(runtime, stub_broker, poll_interval=60.0)
+def recording_batches(relay: Relay) -> list[str]:
+    """The schemas ``relay`` claims a batch from from now on, in order (it has several outboxes)."""
     assert len(relay.outboxes) > 1
     drained: list[str] = []
     batch = relay.relay_batch
@@ -174,6 +174,12 @@ def test_a_notify_drains_only_the_outbox_it_names(conn, runtime, stub_broker, qu
         return batch(outbox)
 
     relay.relay_batch = recording  # type: ignore[method-assign]
+    return drained
+
+
+def test_a_notify_drains_only_the_outbox_it_names(conn, runtime, stub_broker, queue) -> None:
+    relay = make_relay(runtime, stub_broker, poll_interval=60.0)
+    drained = recording_batches(relay)
     with running(relay):
         drained.clear()
         add(conn, "k", 0)
@@ -185,15 +191,7 @@ def test_a_notify_drains_only_the_outbox_it_names(conn, runtime, stub_broker, qu
 
 def test_a_poll_claims_only_from_the_outboxes_with_a_row_due(conn, runtime, stub_broker, queue) -> None:
     relay = make_relay(runtime, stub_broker, poll_interval=0.05)
-    assert len(relay.outboxes) > 1
-    drained: list[str] = []
-    batch = relay.relay_batch
-
-    def recording(outbox: Any) -> Any:
-        drained.append(outbox.schema)
-        return batch(outbox)
-
-    relay.relay_batch = recording  # type: ignore[method-assign]
+    drained = recording_batches(relay)
     with running(relay):
         drained.clear()
         # Written without a NOTIFY: only a poll finds it.
