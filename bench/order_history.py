@@ -30,11 +30,12 @@ import psycopg
 from dramatiq.brokers.stub import StubBroker
 
 from actors.app import app
-from actors.order_history import record_transition
-from actors.order_saga import ORDER_SAGA, place_order
+from actors.order_saga import place_order
 from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings, build_relay
 from sql import embedded
+
+from .sagas import without_history
 
 _LAG = """
 WITH lag AS (
@@ -80,23 +81,22 @@ def _wait(conn: psycopg.Connection[Any], timeout: float, *, projection: bool = T
 @contextlib.contextmanager
 def _running(runtime: Runtime, *, history: bool) -> Iterator[None]:
     """A StubBroker worker (with the app's projectors when ``history``) and a relay, in this process."""
-    ORDER_SAGA.on_transition = record_transition if history else None
-    broker = StubBroker()
-    broker.emit_after("process_boot")
-    app.bind(broker, runtime, projectors=history)
-    worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
-    worker.start()
-    relay = build_relay(runtime, broker, app.service_names, poll_interval=0.2)
-    stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(10)
-        worker.stop()
-        ORDER_SAGA.on_transition = record_transition
+    with contextlib.nullcontext() if history else without_history():
+        broker = StubBroker()
+        broker.emit_after("process_boot")
+        app.bind(broker, runtime, projectors=history)
+        worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
+        worker.start()
+        relay = build_relay(runtime, broker, app.service_names, poll_interval=0.2)
+        stop = threading.Event()
+        thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(10)
+            worker.stop()
 
 
 def _lag(runtime: Runtime, dsn: str, count: int, rate: float) -> str:

@@ -259,7 +259,7 @@ class Relay:
                     if only is None:  # a poll, or a wake-up naming no outbox: ask them all first
                         only = self._due_outboxes()
                     self.drain_once(stop, only)
-                    self._due_unknown.update(only if only is not None else (o.schema for o in self.outboxes))
+                    self._due_unknown.update(only)
                     # Woken while draining: go again at once, the NOTIFY may be for rows just missed.
                     wait = 0.0 if self.wake.is_set() else self._idle_wait()
                     outage = 0.0

@@ -69,7 +69,6 @@ def held_until_commit(conn: psycopg.Connection[Any]) -> Iterator[None]:
     does not see them before the commit.
     """
     _held[id(conn)] = []
-    _wrote.discard(id(conn))
     try:
         yield
     finally:
