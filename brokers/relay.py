@@ -30,7 +30,7 @@ from psycopg import sql
 
 from sql import outbox as store
 from sql.errors import DatabaseError
-from sql.pool import Database
+from sql.pool import Database, notifications
 
 from . import metrics, tracing
 from .batches import PublishOutcome
@@ -373,7 +373,7 @@ class _Listener(threading.Thread):
                     self.listening.set()
                     while not self.stop.is_set():
                         # A short timeout, so that a stopping relay does not wait for a poll interval.
-                        for note in conn.notifies(timeout=min(self.interval, 0.5), stop_after=1):
+                        for note in notifications(conn, min(self.interval, 0.5)):
                             self.notice(note.payload or None)
             except Exception as exc:
                 self.listening.clear()

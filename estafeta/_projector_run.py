@@ -22,6 +22,7 @@ from psycopg import sql
 
 from sql import event_store, projection_store
 from sql.liveness import with_liveness
+from sql.pool import notifications
 
 from . import _projection_ops as ops
 from ._projections import BatchResult, Projector
@@ -91,7 +92,7 @@ class WakeListener(threading.Thread):
                     failures = 0
                     self._wake_all()  # anything committed before LISTEN took effect was missed
                     while not self.stop.is_set():
-                        for note in conn.notifies(timeout=0.5, stop_after=1):
+                        for note in notifications(conn, 0.5):
                             for wake in self.wakes.get(note.payload, ()):
                                 wake.set()
             except psycopg.Error as exc:

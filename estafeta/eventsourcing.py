@@ -43,6 +43,7 @@ from eventsourcing.utils import Environment, EnvType, resolve_topic, strtobool
 
 from sql import eventsourcing_store as rows
 from sql.event_store import WAKE_CHANNEL
+from sql.pool import notifications
 
 from ._app import Service
 from ._es_store import MIGRATIONS, Store, data_to_state, state_to_data
@@ -244,7 +245,7 @@ class EstafetaSubscription(ListenNotifySubscription[EstafetaApplicationRecorder]
                 conn.execute(f"LISTEN {WAKE_CHANNEL}")
                 polled = time.monotonic()
                 while not self._has_been_stopped and not self._thread_error:
-                    for notify in conn.notifies(timeout=0.1, stop_after=1):
+                    for notify in notifications(conn, 0.1):
                         if notify.payload == store.schema:
                             self._has_been_notified.set()
                     if time.monotonic() - polled >= self.poll_interval:
