@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -19,7 +20,7 @@ from sql.pool import notifications
 
 
 @pytest.fixture
-def listening(database_url: str):
+def listening(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute("LISTEN estafeta_test_channel")
         yield listener
@@ -51,13 +52,14 @@ def test_nothing_once_the_time_is_up(listening: psycopg.Connection[Any]) -> None
 
 def test_a_closed_connection_raises(database_url: str) -> None:
     listener = psycopg.connect(database_url, autocommit=True)
-    listener.execute("LISTEN estafeta_test_channel")
-    pid = listener.info.backend_pid
-    with psycopg.connect(database_url, autocommit=True) as killer:
-        killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    # The server's reason comes first, then the end of the connection: a listener's next
-    # call or so raises (and reconnects), where one that never did would spin on select().
-    with pytest.raises(psycopg.OperationalError):
-        for _ in range(10):
-            notifications(listener, 5.0)
-    listener.close()
+    try:
+        listener.execute("LISTEN estafeta_test_channel")
+        with psycopg.connect(database_url, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", (listener.info.backend_pid,))
+        # The server's reason comes first, then the end of the connection: a listener's next
+        # call or so raises (and reconnects), where one that never did would spin on select().
+        with pytest.raises(psycopg.OperationalError):
+            for _ in range(10):
+                notifications(listener, 5.0)
+    finally:
+        listener.close()
