@@ -3,7 +3,10 @@
 Each service schema carries ``clock_now()`` (``migrations/_common/0007_clock.sql``):
 PostgreSQL's ``now()`` plus the skew stored in the schema's one-row ``clock`` table, or the
 instant a test stopped it at (``0008_clock_stop.sql``). Production never writes that table,
-so its time is PostgreSQL's; a test moves it, or stops it and moves it.
+so its time is PostgreSQL's; a test moves it, or stops it and moves it. While the table is
+empty the function is ``SELECT now()``, which PostgreSQL inlines; a write to the table
+replaces it with one that reads the table, and emptying the table puts ``now()`` back
+(``0011_clock_free_until_moved.sql``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
@@ -47,6 +49,41 @@ def test_an_unmoved_clock_is_postgresql_s(conn, clock: Clock) -> None:
     assert scalar(conn, "SELECT count(*) FROM pingpong.clock") == 0
     before = datetime.now(UTC)
     assert abs(clock.now() - before) < timedelta(minutes=1)
+
+
+def clock_plan(conn: psycopg.Connection[Any]) -> str:
+    """What PostgreSQL runs for ``pingpong.clock_now()``."""
+    rows = conn.execute("EXPLAIN (VERBOSE, COSTS OFF) SELECT pingpong.clock_now()").fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+def test_an_unmoved_clock_is_inlined_as_now_and_a_moved_one_reads_its_table(conn, clock: Clock) -> None:
+    # Production's clock is never moved: PostgreSQL runs now(), no function, no query.
+    assert "Output: now()" in clock_plan(conn)
+    clock.advance(timedelta(hours=1))
+    assert "Output: pingpong.clock_now()" in clock_plan(conn)
+    assert scalar(conn, "SELECT pingpong.clock_now() - now()") == timedelta(hours=1)
+    clock.reset()
+    assert "Output: now()" in clock_plan(conn)
+    clock.stop(datetime(2030, 1, 1, tzinfo=UTC))
+    conn.execute("TRUNCATE pingpong.clock")  # a test's wipe empties it too
+    assert "Output: now()" in clock_plan(conn)
+    assert scalar(conn, "SELECT pingpong.clock_now() = now()") is True
+
+
+def test_a_statement_prepared_before_the_clock_moves_reads_the_moved_clock(database_url: str, clock: Clock) -> None:
+    with psycopg.connect(database_url, autocommit=True) as worker:
+        statement = "SELECT pingpong.clock_now(), now()"
+        for _ in range(8):  # prepared, then past the server's five custom plans: now() inlined in a generic plan
+            moved, now = worker.execute(statement, prepare=True).fetchone()  # type: ignore[misc]
+            assert moved == now
+        assert scalar(worker, "SELECT generic_plans FROM pg_prepared_statements WHERE statement = %s", statement) > 0
+        at = datetime(2030, 1, 1, tzinfo=UTC)
+        clock.stop(at)
+        assert worker.execute(statement, prepare=True).fetchone()[0] == at  # type: ignore[index]
+        clock.reset()
+        moved, now = worker.execute(statement, prepare=True).fetchone()  # type: ignore[misc]
+        assert moved == now
 
 
 def test_set_and_advance_move_the_schema_s_time(conn, clock: Clock) -> None:
