@@ -8,11 +8,13 @@ import uuid
 from pathlib import Path
 
 import attrs
+import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
 from actors.pingpong import Ping
 from estafeta import Runtime, deliver
+from estafeta import _step_tx as step_tx
 from estafeta._alone import DELIVERIES, Gate
 from sql import inbox
 from tests.app import STEPS
@@ -354,3 +356,24 @@ def test_worker_keeps_serving_after_a_malformed_message(runtime: Runtime, conn, 
     stub_broker.join("pingpong", timeout=10_000)
     assert scalar(conn, "SELECT count(*) FROM pingpong.pings WHERE ping_id = %s", good_id) == 1
     assert len(inbox.list_dead_letters(conn, "pingpong")) == 1
+
+
+def test_a_refusal_rolls_back_the_work_and_keeps_the_connection_s_prepared_statements(database_url: str) -> None:
+    # psycopg forgets a connection's prepared statements after any command answering
+    # ROLLBACK, which ROLLBACK TO SAVEPOINT does; a refusal must not make it forget them.
+    prepared = "SELECT count(*) FROM pg_prepared_statements WHERE strpos(statement, 'pingpong.inbox') > 0"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        counting = "SELECT count(*) FROM pingpong.inbox WHERE message_id = %s"
+        for _ in range(6):  # prepared from the sixth execution on (psycopg's prepare_threshold)
+            conn.execute(counting, (uuid.uuid4(),))
+        assert scalar(conn, prepared) == 1
+        message_id = uuid.uuid4()
+        conn.execute("BEGIN")
+        conn.execute(f"SAVEPOINT {step_tx.SAVEPOINT}")
+        inbox.record(conn, "pingpong", "pingpong.ping", message_id)
+        step_tx.roll_back_work(conn)
+        conn.execute("COMMIT")
+        assert scalar(conn, counting, message_id) == 0  # the work is undone
+        assert scalar(conn, prepared) == 1  # psycopg's clearing would have sent DEALLOCATE ALL by now
+        with pytest.raises(psycopg.errors.NoActiveSqlTransaction):
+            step_tx.roll_back_work(conn)  # an error is raised as psycopg raises it
