@@ -3,7 +3,8 @@
 # Chromium and its driver (the operator console's browser test drives Debian's Chromium,
 # never a downloaded browser), Prometheus (promtool checks the alert rules; a real
 # Prometheus scrapes workers and a relay) and nftables (the network fault tests drop packets
-# with `nft`, only inside network namespaces they create). Installs only what is missing;
+# with `nft`, only inside network namespaces they create) and perf (bench.pg_profile's heavy
+# test samples PostgreSQL with `perf record`). Installs only what is missing;
 # needs root and apt-get. Used by `make system-deps` and by .ci/run.
 set -euo pipefail
 
@@ -14,6 +15,7 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   missing+=(prometheus)
 fi
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v perf >/dev/null 2>&1 || missing+=(linux-perf)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
