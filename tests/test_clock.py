@@ -14,6 +14,7 @@ from dramatiq.brokers.stub import StubBroker
 from actors import pingpong
 from brokers.relay import Relay
 from estafeta import Clock, Runtime, running
+from sql import clock as sql_clock
 from sql import idempotency, inbox, queries
 from sql import outbox as store
 
@@ -84,6 +85,28 @@ def test_a_statement_prepared_before_the_clock_moves_reads_the_moved_clock(datab
         clock.reset()
         moved, now = worker.execute(statement, prepare=True).fetchone()  # type: ignore[misc]
         assert moved == now
+
+
+def test_a_role_that_may_only_write_the_clock_table_moves_the_clock(conn) -> None:
+    # The table's trigger replaces clock_now() as its owner, not as the role writing the table.
+    role = f"clock_writer_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE ROLE {role}")
+    try:
+        conn.execute(f"GRANT USAGE ON SCHEMA pingpong TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON pingpong.clock TO {role}")
+        with conn.transaction():
+            conn.execute(f"SET LOCAL ROLE {role}")
+            sql_clock.advance(conn, SCHEMA, timedelta(hours=1))
+        assert "Output: pingpong.clock_now()" in clock_plan(conn)
+        with conn.transaction():
+            conn.execute(f"SET LOCAL ROLE {role}")
+            sql_clock.reset(conn, SCHEMA)
+        assert "Output: now()" in clock_plan(conn)
+    finally:
+        conn.execute("DELETE FROM pingpong.clock")
+        conn.execute(f"REVOKE ALL ON pingpong.clock FROM {role}")
+        conn.execute(f"REVOKE ALL ON SCHEMA pingpong FROM {role}")
+        conn.execute(f"DROP ROLE {role}")
 
 
 def test_set_and_advance_move_the_schema_s_time(conn, clock: Clock) -> None:

@@ -15,7 +15,10 @@
 -- PL/pgSQL function that reads the table; emptying the table (a reset, a TRUNCATE) gives the
 -- free one back. Replacing a function invalidates every cached plan that inlined it, in every
 -- session, so a statement prepared before a move reads the moved clock at its next execution.
-CREATE FUNCTION clock_follow_table() RETURNS trigger LANGUAGE plpgsql AS $follow$
+-- The trigger's function runs as its owner (who ran the migrations and owns clock_now()), so
+-- a role that may only write the clock table can still move it.
+CREATE FUNCTION clock_follow_table() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $follow$
 DECLARE
     moved boolean;
     language text;
