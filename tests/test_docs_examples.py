@@ -42,7 +42,7 @@ from .test_docs import reference
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"])
 #: Tools outside the project that documented shell sessions use: not checked.
-EXTERNAL = {"curl", "tansu", "sudo", "cd", "git", "django-admin", "sleep", "perf"}
+EXTERNAL = {"curl", "tansu", "sudo", "cd", "git", "django-admin"}
 #: Python blocks that sketch an API with placeholders (``OrderCreated(...)``) and are not
 #: run yet, by page and first line: each is compiled, and must still be on its page. Turning
 #: one into a runnable block (an invisible set-up block, real arguments) or a quote of the
