@@ -18,8 +18,10 @@ with its inbox record and its work, so
 
 The step's inbox still absorbs a copy, so nothing here weakens exactly-once effects. What a
 hand-off skips is Dramatiq's middleware for that message (retries, time and age limits: a
-failure goes back to the relay, whose copy has them) and the queue: the next step runs in
-the process that sent its message, whatever queues that process consumes.
+failure goes back to the relay, whose copy has them) and the queue's broker: the next step
+runs in the process that sent its message. Only a step of a queue that process's worker
+consumes is handed a message (:class:`WorkerQueues`): a worker started with ``--queues``
+leaves every other queue's steps to the workers that consume them.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def prepare(runtime: Runtime, database: Database, schema: str, conn: psycopg.Con
     """Before a step's commit on ``conn``: lease its one outbox row if the message can go straight on.
 
     Only one message, due now, for a step of :attr:`Runtime.steps_here` on the same
-    database goes; anything else is left to the relays. Call :func:`offer` once committed.
+    database, of a queue this process's worker consumes (:attr:`Runtime.queues_here`), goes;
+    anything else is left to the relays. Call :func:`offer` once committed.
     """
     if runtime.settings.handoffs == 0:
         return None
@@ -78,6 +81,8 @@ def prepare(runtime: Runtime, database: Database, schema: str, conn: psycopg.Con
     spec = runtime.steps_here.get(params["actor_name"])
     if spec is None or spec.queue_name != params["queue_name"] or runtime.database(spec.service) is not database:
         return None
+    if runtime.queues_here is not None and spec.queue_name not in runtime.queues_here:
+        return None  # this worker does not consume the step's queue: its workers do
     outbox.lease_sole_held(conn, schema, LEASE)
     body = params["message"].obj
     message: dramatiq.Message[Any] = dramatiq.Message(
@@ -90,6 +95,21 @@ def prepare(runtime: Runtime, database: Database, schema: str, conn: psycopg.Con
         message_timestamp=int(time.time() * 1000),
     )
     return Baton(spec=spec, message=message, schema=schema, database=database)
+
+
+class WorkerQueues(dramatiq.Middleware):
+    """Tells ``runtime`` which queues its process's worker consumes, as the worker boots (see :func:`prepare`).
+
+    Dramatiq's worker keeps the queues it was given (``dramatiq actors --queues orders``) as
+    its ``consumer_whitelist``, empty for every queue.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
+        whitelist = getattr(worker, "consumer_whitelist", None)
+        self.runtime.queues_here = frozenset(whitelist) if whitelist else None
 
 
 def offer(baton: Baton | None) -> None:

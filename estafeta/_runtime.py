@@ -58,6 +58,9 @@ class Runtime:
         #: The steps declared on a broker in this process, by actor name: where a hand-off
         #: may go (``estafeta._handoff``).
         self.steps_here: dict[str, StepSpec] = {}
+        #: The queues the worker of this process consumes (``dramatiq ... --queues``), told
+        #: at its boot; ``None``: every queue. A hand-off goes only to a step of one of them.
+        self.queues_here: frozenset[str] | None = None
         self._mutex = threading.Lock()
         #: Whether each database's first use connects in the caller's thread before its pool
         #: starts (:class:`sql.pool.Database`): the CLI's commands report a refused or

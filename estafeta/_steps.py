@@ -160,6 +160,8 @@ def declare_actors(
     """
     if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
         broker.add_middleware(CurrentMessage())
+    if not any(isinstance(m, handoff.WorkerQueues) and m.runtime is runtime for m in broker.middleware):
+        broker.add_middleware(handoff.WorkerQueues(runtime))
     settings = runtime.settings
     actors = {}
     for spec in specs:

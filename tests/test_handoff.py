@@ -69,6 +69,7 @@ def _handoffs(actor: str, outcome: str) -> float:
 def test_a_pong_goes_straight_to_its_step_and_no_relay_publishes_it(
     handing: Runtime, handing_broker: StubBroker, handing_worker, conn
 ) -> None:
+    assert handing.queues_here is None  # a worker for every queue
     done_before = _handoffs("pingpong.pong", "done")
     with handing.database("pingpong").transaction() as tx:
         ping_id = pingpong.send_ping(tx)
@@ -80,6 +81,36 @@ def test_a_pong_goes_straight_to_its_step_and_no_relay_publishes_it(
     assert scalar(conn, "SELECT count(*) FROM pingpong.outbox") == 0
     assert scalar(conn, "SELECT count(*) FROM pingpong.inbox WHERE consumer = 'pingpong.pong'") == 1
     assert _handoffs("pingpong.pong", "done") == done_before + 1
+
+
+def test_a_worker_consuming_some_queues_hands_off_only_to_their_steps(
+    handing: Runtime, handing_broker: StubBroker, conn
+) -> None:
+    # As `dramatiq actors --queues payments` starts it: every step is declared in the process,
+    # but the orchestrator's steps are for the workers that consume the orders queue.
+    worker = dramatiq.Worker(handing_broker, worker_timeout=50, worker_threads=2, queues={"payments"})
+    worker.start()
+    try:
+        assert handing.queues_here == frozenset({"payments"})
+        done_before = _handoffs("orders.saga_order_reply", "done")
+        seed(handing, {"c1": 10_000}, {"sku-1": 10})
+        order_id = place(handing, "c1", "sku-1", 1, 500).order_id
+        # The charge, to the payments queue. (One outbox per relay: the worker fires the
+        # test app's schedules meanwhile.)
+        assert make_relay(handing, handing_broker, services=["orders"]).drain_once() == 1
+        paid = "SELECT count(*) FROM payments.payments WHERE order_id = %s AND status = 'charged'"
+        wait_until(lambda: scalar(conn, paid, order_id) == 1, what="the charge, by this worker")
+        handing_broker.join("payments")
+        worker.join()
+    finally:
+        worker.stop()
+    # The charge's reply was not run here: its row went to the relays, unleased, and they
+    # publish it on the orders queue.
+    assert _handoffs("orders.saga_order_reply", "done") == done_before
+    assert scalar(conn, "SELECT count(*) FROM payments.outbox WHERE attempts >= 0") == 1
+    assert make_relay(handing, handing_broker, services=["payments"]).drain_once() == 1
+    (reply,) = _queued(handing_broker, "orders")
+    assert reply.actor_name == "orders.saga_order_reply"
 
 
 def _queued(broker: StubBroker, queue: str) -> list[dramatiq.Message]:
