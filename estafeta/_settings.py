@@ -103,7 +103,8 @@ class Settings:
     wakeup: str = "after-commit"
     #: Hand-offs after one delivery (docs/concepts/steps.md, "Hand-offs"): when a step's
     #: transaction wrote one message, due now, for a step this process declares on the same
-    #: database, the worker thread runs that step at once, skipping the relay and the broker;
+    #: database, of a queue its worker consumes, the worker thread runs that step at once,
+    #: skipping the relay and the broker;
     #: the outbox row, leased from the relays for 5 s, is deleted by the next step's
     #: transaction (a relay publishes it if the hand-off fails, at once, or if the worker dies
     #: first, when the lease ends). Up to this many in a row; 0 (the default): never.
