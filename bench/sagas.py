@@ -275,6 +275,9 @@ HANDOFFS = "rabbitmq-ho"
 #: The row of the RabbitMQ run (with hand-offs, unless ``--handoffs 0``) without the order's
 #: history: DBOS's workload (``bench/actors_without_history.py``).
 NO_HISTORY = "ho-nohistory"
+#: The row of the RabbitMQ run whose order saga runs the orders service's own steps locally
+#: (``Saga(local_steps=True)``, ``bench/actors_local_steps.py``); no hand-offs, with the history.
+LOCAL_STEPS = "rabbitmq-local"
 
 
 @contextlib.contextmanager
@@ -316,6 +319,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.handoffs:
                 harnesses.append((HANDOFFS, lambda: process_harness(dsn, amqp, *handing)))
             harnesses.append((NO_HISTORY, lambda: no_history_harness(dsn, amqp, *handing)))
+            local = (*shape, "bench.actors_local_steps")
+            harnesses.append((LOCAL_STEPS, lambda: process_harness(dsn, amqp, *local)))
         if reachable(args.redis_url, 6379):
             redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
             harnesses.append(("redis", lambda: process_harness(dsn, redis_url, *shape)))
@@ -544,7 +549,7 @@ def parser() -> argparse.ArgumentParser:
         "--broker",
         dest="brokers",
         action="append",
-        choices=["stub", "rabbitmq", HANDOFFS, NO_HISTORY, "redis", "kafka"],
+        choices=["stub", "rabbitmq", HANDOFFS, NO_HISTORY, LOCAL_STEPS, "redis", "kafka"],
         help="only this broker (repeatable; default: every reachable one)",
     )
     parser.add_argument(

@@ -71,7 +71,7 @@ from ._saga_model import (
     uncompensated,
 )
 from ._step_spec import StepSpec
-from ._steps import REPLY_TO, Reply, StepContext
+from ._steps import REPLY_TO, Reply, StepContext, run_local, runs_local
 
 if TYPE_CHECKING:
     from ._app import Service
@@ -136,6 +136,15 @@ class Saga:
     third in a row). It must only touch the saga service's own database. (The
     watchdog's failing of a saga it cannot move as declared bypasses the saga's code,
     this hook included: the definition may be what is broken.)
+
+    ``local_steps=True``: a command for a step of the saga's own service (the orders
+    service's ``ConfirmOrder`` in an order saga that the orders service orchestrates) is not
+    sent: that step runs at once, in a savepoint of the transaction of the reply that moved
+    the saga to it, and the saga moves on with its result or refusal in the same
+    transaction (Eventuate Tram's local steps). It saves a command, a reply and their two
+    transactions; the step's effects and the saga's move commit together. Its command is
+    still sent when the saga starts at it or sends it again (the watchdog, an operator's
+    resume), and when its step takes a Redis lock.
     """
 
     def __init__(
@@ -148,10 +157,14 @@ class Saga:
         steps: Sequence[SagaStep],
         after_compensation: Sequence[SagaStep] = (),
         on_transition: TransitionHook | None = None,
+        local_steps: bool = False,
     ) -> None:
         self.name = name
         #: Called as ``on_transition(conn, transition)`` in the transaction of every transition.
         self.on_transition = on_transition
+        #: Whether commands for the saga's own service's steps run in the orchestrator's
+        #: transaction instead of being sent (:meth:`_run_local`).
+        self.local_steps = local_steps
         #: The owning service's name (its schema holds the saga's table, its outbox the commands).
         self.service = service.name
         self.owner = service
@@ -307,21 +320,27 @@ class Saga:
             )
             return
         REPLIES.labels(self.name, "late" if late else "accepted").inc()
-        traceparent = ctx.options.get("traceparent")
-        if context["direction"] == ACTION:
+        self._take(ctx, row, reply, ctx.options.get("traceparent"), local=False)
+
+    def _take(self, ctx: StepContext, row: SagaRow, reply: Reply, traceparent: str | None, *, local: bool) -> None:
+        """Move the saga of ``row`` on with ``reply``, the answer to its command (``local``: a local step's outcome)."""
+        if reply.context["direction"] == ACTION:
             if reply.ok:
                 try:
-                    self._action_done(ctx.conn, row, reply, traceparent)
+                    self._action_done(ctx.conn, row, reply, traceparent, ctx=ctx)
                 except SagaStuck as exc:  # its choice of the next step is not a step: for an operator
                     self._give_up(ctx.conn, row, f"{row.current_step}: {exc}", reply=reply)
             else:
                 # An earlier send of a refused command may still take effect (it waits in a
-                # retry backoff): then the refused step is compensated too.
-                again = row.attempts > 1 or store.sends(ctx.conn, self.table, row.saga_id, row.current_step) > 1
+                # retry backoff): then the refused step is compensated too. A local step was
+                # never sent.
+                again = not local and (
+                    row.attempts > 1 or store.sends(ctx.conn, self.table, row.saga_id, row.current_step) > 1
+                )
                 reason = f"{row.current_step}: {reply.error}"
-                self._step_failed(ctx.conn, row, reason, include_current=again, reply=reply)
+                self._step_failed(ctx.conn, row, reason, include_current=again, reply=reply, ctx=ctx)
         elif reply.ok:
-            self._compensation_done(ctx.conn, row, reply, traceparent)
+            self._compensation_done(ctx.conn, row, reply, traceparent, ctx=ctx)
         else:
             self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}", reply=reply)
 
@@ -360,7 +379,15 @@ class Saga:
 
     # -- transitions ----------------------------------------------------------------------
 
-    def _action_done(self, conn: psycopg.Connection[Any], row: SagaRow, reply: Reply, tp: str | None) -> None:
+    def _action_done(
+        self,
+        conn: psycopg.Connection[Any],
+        row: SagaRow,
+        reply: Reply,
+        tp: str | None,
+        *,
+        ctx: StepContext | None = None,
+    ) -> None:
         results = {**row.results, row.current_step: reply.result}
         current = self._step(row.current_step)
         # In a saga that branches, any step (chosen or next in the list) may be one done already.
@@ -372,7 +399,9 @@ class Saga:
             raise SagaStuck(f"step {current.name} {how} {step.name!r}, which this saga has done already")
         if step is not None:
             detail = f"{current.name} done" + (f", {step.name} chosen" if current.then else "")
-            self._move(conn, row, "running", step.name, "advanced", detail, results=results, tp=tp, reply=reply)
+            self._move(
+                conn, row, "running", step.name, "advanced", detail, results=results, tp=tp, reply=reply, ctx=ctx
+            )
         else:
             self._move(conn, row, "completed", row.current_step, "completed", None, results=results, reply=reply)
 
@@ -396,6 +425,7 @@ class Saga:
         *,
         include_current: bool,
         reply: Reply | None = None,
+        ctx: StepContext | None = None,
     ) -> None:
         current = self._step(row.current_step)
         if current.retriable:
@@ -404,9 +434,17 @@ class Saga:
         done = self._done_before(row, current) + ([current] if include_current else [])
         plan = [s.name for s in reversed(done) if s.compensation] + [s.name for s in self.after_compensation]
         status, step_name = ("compensating", plan[0]) if plan else ("compensated", row.current_step)
-        self._move(conn, row, status, step_name, status, reason, compensations=plan, error=reason, reply=reply)
+        self._move(conn, row, status, step_name, status, reason, compensations=plan, error=reason, reply=reply, ctx=ctx)
 
-    def _compensation_done(self, conn: psycopg.Connection[Any], row: SagaRow, reply: Reply, tp: str | None) -> None:
+    def _compensation_done(
+        self,
+        conn: psycopg.Connection[Any],
+        row: SagaRow,
+        reply: Reply,
+        tp: str | None,
+        *,
+        ctx: StepContext | None = None,
+    ) -> None:
         if self._by_name[row.current_step] not in self.after_compensation:
             COMPENSATIONS.labels(self.name, row.current_step).inc()
         plan = row.compensations or []
@@ -415,7 +453,7 @@ class Saga:
         after = self._by_name[row.current_step] in self.after_compensation
         detail = f"{row.current_step} done after compensating" if after else f"{row.current_step} undone"
         if index + 1 < len(plan):
-            self._move(conn, row, "compensating", plan[index + 1], "undone", detail, tp=tp, reply=reply)
+            self._move(conn, row, "compensating", plan[index + 1], "undone", detail, tp=tp, reply=reply, ctx=ctx)
         else:
             self._move(conn, row, "compensated", row.current_step, "compensated", detail, reply=reply)
 
@@ -437,7 +475,13 @@ class Saga:
         error: str | None = None,
         tp: str | None = None,
         reply: Reply | None = None,
+        ctx: StepContext | None = None,
     ) -> None:
+        """Move the saga (:func:`sql.sagas.transition`), record it, and send its next command.
+
+        With ``ctx`` (the orchestrator step's) and ``local_steps``, a command for the saga's
+        own service is run here instead (:meth:`_run_local`).
+        """
         moved = store.transition(
             conn,
             self.table,
@@ -453,8 +497,39 @@ class Saga:
         )
         self._record(conn, row, moved, event, detail, reply, logged=True)
         TRANSITIONS.labels(self.name, status).inc()
-        if moved.live:
+        if moved.live and ctx is not None and self.local_steps:
+            self._run_local(ctx, moved, tp)
+        elif moved.live:
             self._send(conn, moved, traceparent=tp)
+
+    def _run_local(self, ctx: StepContext, row: SagaRow, tp: str | None) -> None:
+        """Run the command the saga of ``row`` waits on in ``ctx``'s transaction, and move on with its outcome.
+
+        Sent as any other instead when it is not for a step of the saga's own service that
+        can run here (:func:`estafeta._steps.runs_local`: one whose lock, if it has one, is
+        PostgreSQL's).
+        """
+        built = self.command_for(row)
+        current, command, direction = built
+        handlers = self.owner.router.handlers(type(command))
+        if len(handlers) != 1 or not runs_local(handlers[0], ctx):
+            self._send(ctx.conn, row, traceparent=tp)
+            return
+        message_id = self._message_id(row, direction)
+        options: dict[str, Any] = {"saga_id": str(row.saga_id)}
+        if tp:
+            options["traceparent"] = tp
+        done = run_local(ctx, handlers[0], command, message_id=message_id, saga_id=row.saga_id, options=options)
+        context = {
+            "saga": self.name,
+            "saga_id": str(row.saga_id),
+            "step": current.name,
+            "version": row.version,
+            "direction": direction,
+        }
+        reply = Reply(in_reply_to=str(message_id), ok=done.ok, context=context, result=done.result, error=done.error)
+        REPLIES.labels(self.name, "local").inc()
+        self._take(ctx, row, reply, tp, local=True)
 
     # -- commands -------------------------------------------------------------------------
 

@@ -38,6 +38,8 @@ from sql.queries import query
 
 #: The savepoint a business failure rolls back to: the step's work, not its inbox record.
 SAVEPOINT = "estafeta_step"
+#: The savepoint a saga's local step runs in, inside the orchestrator step's transaction.
+LOCAL_SAVEPOINT = "estafeta_local_step"
 
 
 @attrs.frozen
@@ -164,8 +166,10 @@ def begin(
     return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1, opening=rows)
 
 
-def roll_back_work(conn: psycopg.Connection[Any]) -> None:
+def roll_back_work(conn: psycopg.Connection[Any], savepoint: str = SAVEPOINT) -> None:
     """Undo the step's own work (a business failure), keeping the inbox record and the lock.
+
+    ``savepoint``: another savepoint to go back to (a saga's local step's, ``LOCAL_SAVEPOINT``).
 
     Sent to libpq directly (``conn.pgconn``), not through ``conn.execute``: psycopg empties
     the connection's prepared statements (``DEALLOCATE ALL``) after any command that answers
@@ -178,12 +182,9 @@ def roll_back_work(conn: psycopg.Connection[Any]) -> None:
     must not change result type``), and steps do not change tables.
     """
     with conn.lock:
-        result = conn.pgconn.exec_(_ROLL_BACK_WORK)
+        result = conn.pgconn.exec_(f"ROLLBACK TO SAVEPOINT {savepoint}".encode())
     if result.status != ExecStatus.COMMAND_OK:
         raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
-
-
-_ROLL_BACK_WORK = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}".encode()
 
 
 @contextlib.contextmanager

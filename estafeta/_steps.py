@@ -23,8 +23,9 @@ import attrs
 import dramatiq
 import psycopg
 from dramatiq.middleware import CurrentMessage
+from psycopg.rows import dict_row
 
-from sql import inbox
+from sql import inbox, plan
 from sql.errors import LockNotAcquired
 from sql.pool import Database, translate_errors
 
@@ -96,6 +97,8 @@ class StepContext:
     commit_hooks: list[Callable[[], object]] = attrs.field(factory=list)
     #: The rows of the step's ``opening`` statement, run in its first round trip (``Service.step``).
     opening: list[dict[str, Any]] | None = None
+    #: The runtime the step runs with (where a saga's local step finds the lock backend).
+    runtime: Runtime | None = attrs.field(default=None, repr=False)
 
     @property
     def fencing_token(self) -> int | None:
@@ -429,6 +432,7 @@ def _run(
             lock=held,
             event_store=getattr(spec.owner, "event_store", None),
             opening=opened.opening,
+            runtime=runtime,
         )
         try:
             result = spec.fn(ctx, command)
@@ -461,6 +465,86 @@ def _run(
         runtime.wake_after_commit(database, spec.service, relays=wrote and baton is None)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
+
+
+@attrs.frozen
+class LocalOutcome:
+    """What a saga's local step did (:func:`run_local`): its result, or its refusal."""
+
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+
+def runs_local(spec: StepSpec, parent: StepContext) -> bool:
+    """Whether ``spec`` can run in ``parent``'s transaction: the same service's, its lock (if any) PostgreSQL's."""
+    if spec.service != parent.service:
+        return False
+    return spec.lock is None or (parent.runtime is not None and isinstance(parent.runtime.locks, PostgresLocks))
+
+
+def run_local(
+    parent: StepContext,
+    spec: StepSpec,
+    command: Any,
+    *,
+    message_id: uuid.UUID,
+    saga_id: uuid.UUID,
+    options: dict[str, Any],
+) -> LocalOutcome:
+    """Run ``spec``'s function on ``command`` in a savepoint of ``parent``'s transaction (a saga's local step).
+
+    What a delivery of the command as a message would do, without the message: the step's
+    lock (PostgreSQL's, held to the end of the transaction) and its opening statement go
+    in one round trip after the savepoint; its sends ride with the parent's commit; a
+    :class:`BusinessFailure` rolls back to the savepoint, drops what the step sent and
+    writes what it asked to write on refusal. Any other error is raised: the parent's
+    transaction fails with it. No inbox record is written: the transaction that runs the
+    step is the one that decided to, and commits with it or not at all.
+    """
+    assert runs_local(spec, parent), f"{spec.actor_name} cannot run in {parent.service}'s transaction"
+    conn = parent.conn
+    outbox.write_held(conn)  # the parent's rows so far: a refusal drops only this step's own
+    statement = spec.opening(command) if spec.opening is not None else None
+    rows = None
+    with conn.pipeline():
+        conn.execute(f"SAVEPOINT {step_tx.LOCAL_SAVEPOINT}")
+        if spec.lock is not None:
+            assert parent.runtime is not None and isinstance(parent.runtime.locks, PostgresLocks)
+            conn.execute(*parent.runtime.locks.statement(spec.lock(command)))
+        if statement is not None:
+            opened = conn.cursor(row_factory=dict_row)
+            plan.json_as_python(opened)
+            opened.execute(statement.query, statement.params)
+    if statement is not None:
+        rows = opened.fetchall() if opened.description else []
+        opened.close()
+    locks = parent.runtime.locks if parent.runtime is not None else None
+    ctx = StepContext(
+        conn=conn,
+        service=spec.service,
+        message_id=message_id,
+        saga_id=saga_id,
+        options=options,
+        payload=to_json(command),
+        router=spec.router,
+        lock=locks.held() if spec.lock is not None and isinstance(locks, PostgresLocks) else None,
+        event_store=getattr(spec.owner, "event_store", None),
+        opening=rows,
+        runtime=parent.runtime,
+    )
+    try:
+        result = spec.fn(ctx, command)
+        for hook in ctx.commit_hooks:
+            hook()
+    except BusinessFailure as failure:
+        step_tx.roll_back_work(conn, step_tx.LOCAL_SAVEPOINT)
+        outbox.drop_held(conn)
+        for write in ctx.refusal_writes:
+            write(conn)
+        logger.info("%s: local step refused %s: %s", spec.actor_name, message_id, failure)
+        return LocalOutcome(ok=False, error=str(failure))
+    return LocalOutcome(ok=True, result=to_json(result) if attrs.has(type(result)) else result)
 
 
 def _begin(

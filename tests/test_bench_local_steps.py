@@ -1,0 +1,52 @@
+"""``bench.sagas``'s ``rabbitmq-local`` row: the order saga with the orders service's own steps run locally.
+
+Its ``dramatiq`` workers import ``bench.actors_local_steps``: every saga runs to its end
+and its effects reconcile, and neither ``ConfirmOrder`` nor ``CancelOrder`` is ever
+delivered (no inbox record of theirs) while their effects are there. Real worker and relay
+processes on RabbitMQ, so heavy.
+"""
+
+from __future__ import annotations
+
+import random
+
+import psycopg
+import pytest
+
+from actors.order_saga import ORDER_SAGA, place_order, reconcile
+from bench.sagas import _migrate, process_harness
+from cli.seed import plan_orders, seed_services
+
+from .helpers import scalar, wait_until
+from .services import RUN_ID, rabbitmq_vhost, scratch_database
+
+pytestmark = pytest.mark.heavy
+
+ORDERS = 12
+
+
+def test_the_local_steps_row_ends_every_saga_without_sending_the_orders_services_commands() -> None:
+    with scratch_database() as dsn, rabbitmq_vhost(f"{RUN_ID}-local") as amqp:
+        _migrate(dsn)
+        with process_harness(dsn, amqp, 1, 4, 1, {}, "bench.actors_local_steps") as runtime:
+            plan = plan_orders(ORDERS, prefix="local-", rng=random.Random(3))
+            seed_services(runtime, plan.balances, plan.stock)
+            order_ids = []
+            with runtime.database("orders").transaction() as conn:
+                for customer, sku, quantity, amount in plan.orders:
+                    placed = place_order(conn, customer_id=customer, sku=sku, quantity=quantity, amount_cents=amount)
+                    order_ids.append(placed.order_id)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                ended = "SELECT count(*) FROM orders.saga_order WHERE completed_at IS NOT NULL"
+                wait_until(lambda: scalar(conn, ended) == ORDERS, timeout=120, what="every saga ended")
+                delivered = dict(
+                    conn.execute("SELECT consumer, count(*) FROM orders.inbox GROUP BY consumer").fetchall()
+                )
+                orders = dict(conn.execute("SELECT status, count(*) FROM orders.orders GROUP BY status").fetchall())
+            check = reconcile(runtime, order_ids, plan.balances, plan.stock)
+    assert not ORDER_SAGA.local_steps, "the benchmark's own process sends them"
+    assert check.ok, check
+    assert set(check.sagas) == {"completed", "compensated"}, check.sagas
+    assert orders.get("confirmed") and orders.get("cancelled"), orders
+    assert "orders.confirm_order" not in delivered and "orders.cancel_order" not in delivered, delivered
+    assert delivered["orders.saga_order_reply"] > 0
