@@ -504,10 +504,10 @@ def run_local(
     """
     assert runs_local(spec, parent), f"{spec.actor_name} cannot run in {parent.service}'s transaction"
     conn = parent.conn
-    outbox.write_held(conn)  # the parent's rows so far: a refusal drops only this step's own
     statement = spec.opening(command) if spec.opening is not None else None
     rows = None
     with conn.pipeline():
+        outbox.write_held(conn)  # the parent's rows so far: a refusal drops only this step's own
         conn.execute(f"SAVEPOINT {step_tx.LOCAL_SAVEPOINT}")
         if spec.lock is not None:
             assert parent.runtime is not None and isinstance(parent.runtime.locks, PostgresLocks)
