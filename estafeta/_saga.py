@@ -513,7 +513,7 @@ class Saga:
         current, command, direction = built
         handlers = self.owner.router.handlers(type(command))
         if len(handlers) != 1 or not runs_local(handlers[0], ctx):
-            self._send(ctx.conn, row, traceparent=tp)
+            self._send(ctx.conn, row, traceparent=tp, built=built)
             return
         message_id = self._message_id(row, direction)
         options: dict[str, Any] = {"saga_id": str(row.saga_id)}
@@ -578,10 +578,11 @@ class Saga:
         *,
         previous: uuid.UUID | None = None,
         traceparent: str | None = None,
+        built: tuple[SagaStep, Any, str] | None = None,
     ) -> None:
         # The command is built first: a saga whose command cannot be built is stuck, even
         # when its previous send is still in the outbox.
-        built = self.command_for(row)
+        built = built or self.command_for(row)
         if previous is not None and store.requeue_command(conn, self.service, previous):
             return  # the previous send never left the outbox: it is back in line instead
         # In a step, the command rides with the commit (outbox.held_until_commit).
