@@ -278,6 +278,8 @@ NO_HISTORY = "ho-nohistory"
 #: The row of the RabbitMQ run whose order saga runs the orders service's own steps locally
 #: (``Saga(local_steps=True)``, ``bench/actors_local_steps.py``); no hand-offs, with the history.
 LOCAL_STEPS = "rabbitmq-local"
+#: The ``ho-nohistory`` row with local steps too (``bench/actors_local_without_history.py``).
+LOCAL_NO_HISTORY = "ho-local-nohistory"
 
 
 @contextlib.contextmanager
@@ -295,10 +297,15 @@ def without_history() -> Iterator[None]:
 
 @contextlib.contextmanager
 def no_history_harness(
-    dsn: str, broker_url: str, processes: int, threads: int, lanes: int, settings: Mapping[str, str]
+    dsn: str,
+    broker_url: str,
+    processes: int,
+    threads: int,
+    lanes: int,
+    settings: Mapping[str, str],
+    module: str = "bench.actors_without_history",
 ) -> Iterator[Runtime]:
-    """:func:`process_harness` without the order's history (the ``ho-nohistory`` row)."""
-    module = "bench.actors_without_history"
+    """:func:`process_harness` without the order's history (the ``ho-nohistory`` row; ``module``: its workers')."""
     with without_history(), process_harness(dsn, broker_url, processes, threads, lanes, settings, module) as runtime:
         yield runtime
 
@@ -321,6 +328,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             harnesses.append((NO_HISTORY, lambda: no_history_harness(dsn, amqp, *handing)))
             local = (*shape, "bench.actors_local_steps")
             harnesses.append((LOCAL_STEPS, lambda: process_harness(dsn, amqp, *local)))
+            local_nohistory = (*handing, "bench.actors_local_without_history")
+            harnesses.append((LOCAL_NO_HISTORY, lambda: no_history_harness(dsn, amqp, *local_nohistory)))
         if reachable(args.redis_url, 6379):
             redis_url = run_resources.enter_context(redis_namespace(args.redis_url))
             harnesses.append(("redis", lambda: process_harness(dsn, redis_url, *shape)))
@@ -549,7 +558,7 @@ def parser() -> argparse.ArgumentParser:
         "--broker",
         dest="brokers",
         action="append",
-        choices=["stub", "rabbitmq", HANDOFFS, NO_HISTORY, LOCAL_STEPS, "redis", "kafka"],
+        choices=["stub", "rabbitmq", HANDOFFS, NO_HISTORY, LOCAL_STEPS, LOCAL_NO_HISTORY, "redis", "kafka"],
         help="only this broker (repeatable; default: every reachable one)",
     )
     parser.add_argument(
