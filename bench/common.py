@@ -137,5 +137,5 @@ def describe(found: dict[str, Any]) -> str:
     """:func:`machine` in one line."""
     return (
         f"{found['cores']} cores, {found['cpu']}, Python {found['python']}, "
-        f"load average {found['load_average_1m']} (high: other work was running, noisy figures)"
+        f"load average {found['load_average_1m']} (the last minute's, the benchmark's own work included)"
     )

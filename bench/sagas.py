@@ -447,31 +447,32 @@ def _dbos(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
 
 def table(results: dict[str, Any], processes: int, threads: int) -> str:
     """The figures, one broker per line, the baseline beside the sagas."""
+    brokers = {name: r for name, r in results.items() if name not in ("peers", "dbos")}
+    width = max([12, *(len(name) + 2 for name in brokers)])  # the names, and a gap after them
     lines = [
         f"estafeta saga benchmark: {describe(machine())}",
         f"real brokers: dramatiq actors --processes {processes} --threads {threads}",
-        f"{'broker':<12}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
+        f"{'broker':<{width}}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
         f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}{'CPU ms/step':>13}",
     ]
-    brokers = {name: r for name, r in results.items() if name not in ("peers", "dbos")}
     for name, r in brokers.items():
         base, sagas = r["baseline"]["step_messages_per_second"], r["sagas"]
         lines.append(
-            f"{name:<12}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
+            f"{name:<{width}}{base:>19.0f}{sagas['sagas_per_second']:>10.1f}{sagas['step_messages_per_second']:>14.0f}"
             f"{sagas['messages_per_saga']:>12.1f}{sagas['step_messages_per_second'] / base:>12.0%}"
             f"{sagas['latency_p50']:>8.2f}{sagas['latency_p99']:>8.2f}{sagas['cpu_ms_per_step']:>13.2f}"
         )
     for name, r in brokers.items():
         if len(r.get("rounds", [])) > 1:
-            lines.append(_rounds_line(f"{name:<12}", r["rounds"], "CPU ms/step"))
+            lines.append(_rounds_line(f"{name:<{width}}", r["rounds"], "CPU ms/step"))
     for name, r in brokers.items():
         split = ", ".join(f"{group} {ms:.2f}" for group, ms in r["sagas"]["cpu_ms_per_step_by_process"].items())
-        lines.append(f"{name:<12}CPU ms per saga step by process: {split}")
-        lines.append(f"{name:<12}{database_line(r['sagas']['database_per_step'])}")
+        lines.append(f"{name:<{width}}CPU ms per saga step by process: {split}")
+        lines.append(f"{name:<{width}}{database_line(r['sagas']['database_per_step'])}")
     steady = {name: r["steady"] for name, r in brokers.items() if "steady" in r}
     for name, r in steady.items():
         lines.append(
-            f"{name:<12}steady {r['rate']:g} sagas/s placed (reached {r['placed_per_second']:.0f}/s,"
+            f"{name:<{width}}steady {r['rate']:g} sagas/s placed (reached {r['placed_per_second']:.0f}/s,"
             f" {r['sagas']} sagas): p50 {r['latency_p50']:.2f} s, p99 {r['latency_p99']:.2f} s,"
             f" max {r['latency_max']:.2f} s"
         )
