@@ -311,11 +311,14 @@ def test_an_order_system_moved_from_classic_to_quorum_queues_mid_run_loses_no_or
         run.wait_for("a quarter of the sagas", lambda: run.ended() >= plan.orders // 4, plan.timeout)
         assert run.workers is not None
         run.workers.kill()
-        run.stop()
         # The killed workers' unacknowledged messages go back to their queues once RabbitMQ has
-        # seen their connections close: with steps that keep up, that is all there is to see.
+        # seen their connections close, and what the relay still publishes waits there too.
+        # Steps that keep up may leave neither: every saga in flight then has its next message
+        # in an outbox (a wake-up its killed worker never sent), which the relay's next poll
+        # publishes. So the relay is stopped once messages wait, not before.
         with contextlib.suppress(AssertionError):
             wait_until(lambda: any(rabbitmq_messages(vhost).values()), timeout=10, interval=0.2)
+        run.stop()
         queued = {name: n for name, n in rabbitmq_messages(vhost).items() if n}
         assert queued, "no message waited in the classic queues: the move proves nothing"
         assert {kind for kind, _ in rabbitmq_queues(vhost).values()} == {"classic"}
