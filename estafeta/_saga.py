@@ -520,13 +520,7 @@ class Saga:
         if tp:
             options["traceparent"] = tp
         done = run_local(ctx, handlers[0], command, message_id=message_id, saga_id=row.saga_id, options=options)
-        context = {
-            "saga": self.name,
-            "saga_id": str(row.saga_id),
-            "step": current.name,
-            "version": row.version,
-            "direction": direction,
-        }
+        context = self._context(row, current, direction)
         reply = Reply(in_reply_to=str(message_id), ok=done.ok, context=context, result=done.result, error=done.error)
         REPLIES.labels(self.name, "local").inc()
         self._take(ctx, row, reply, tp, local=True)
@@ -567,6 +561,16 @@ class Saga:
             raise SagaStuck(f"saga {self.name}: {type(command).__name__} needs one step handling it, found: {names}")
         return handlers[0], self._message_id(row, direction)
 
+    def _context(self, row: SagaRow, current: SagaStep, direction: str) -> dict[str, Any]:
+        """The ``reply_to`` context a command carries, for its answer: the saga, its step, version and direction."""
+        return {
+            "saga": self.name,
+            "saga_id": str(row.saga_id),
+            "step": current.name,
+            "version": row.version,
+            "direction": direction,
+        }
+
     @staticmethod
     def _message_id(row: SagaRow, direction: str) -> uuid.UUID:
         return uuid.uuid5(row.saga_id, f"{row.version}:{direction}:{row.current_step}:{row.attempts}")
@@ -594,13 +598,7 @@ class Saga:
         current, command, direction = built or self.command_for(row)
         message_id = self._message_id(row, direction)
         key = str(row.key)
-        context = {
-            "saga": self.name,
-            "saga_id": str(row.saga_id),
-            "step": current.name,
-            "version": row.version,
-            "direction": direction,
-        }
+        context = self._context(row, current, direction)
         reply_to = {"actor": self.reply_actor, "queue": self.service, "context": context, "ordering_key": key}
         yield from outbox.send_plan(
             command,

@@ -147,13 +147,8 @@ def begin(
             )
         conn.execute(f"SAVEPOINT {SAVEPOINT}")
         if opening is not None:
-            opened = conn.cursor(row_factory=dict_row)
-            plan.json_as_python(opened)
-            opened.execute(opening.query, opening.params)
-    rows = None
-    if opened is not None:
-        rows = opened.fetchall() if opened.description else []
-        opened.close()
+            opened = run_opening(conn, opening)
+    rows = opened_rows(opened) if opened is not None else None
     if handed is not None and handed.rowcount != 1:
         return Opened(attempts=0, first=False, relayed=True)
     if counted is None:
@@ -164,6 +159,21 @@ def begin(
             return Opened(attempts=0, first=recorded.rowcount == 1, suspect=True)
         attempts = int(row[0])
     return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1, opening=rows)
+
+
+def run_opening(conn: psycopg.Connection[Any], opening: plan.Statement) -> psycopg.Cursor[dict[str, Any]]:
+    """Execute a step's opening statement (in the caller's pipeline); :func:`opened_rows` reads its rows."""
+    opened = conn.cursor(row_factory=dict_row)
+    plan.json_as_python(opened)
+    opened.execute(opening.query, opening.params)
+    return opened
+
+
+def opened_rows(opened: psycopg.Cursor[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of :func:`run_opening`'s statement (none if it returns none), once its pipeline has synced."""
+    rows = opened.fetchall() if opened.description else []
+    opened.close()
+    return rows
 
 
 def roll_back_work(conn: psycopg.Connection[Any], savepoint: str = SAVEPOINT) -> None:

@@ -23,9 +23,8 @@ import attrs
 import dramatiq
 import psycopg
 from dramatiq.middleware import CurrentMessage
-from psycopg.rows import dict_row
 
-from sql import inbox, plan
+from sql import inbox
 from sql.errors import LockNotAcquired
 from sql.pool import Database, translate_errors
 
@@ -505,20 +504,14 @@ def run_local(
     assert runs_local(spec, parent), f"{spec.actor_name} cannot run in {parent.service}'s transaction"
     conn = parent.conn
     statement = spec.opening(command) if spec.opening is not None else None
-    rows = None
     with conn.pipeline():
         outbox.write_held(conn)  # the parent's rows so far: a refusal drops only this step's own
         conn.execute(f"SAVEPOINT {step_tx.LOCAL_SAVEPOINT}")
         if spec.lock is not None:
             assert parent.runtime is not None and isinstance(parent.runtime.locks, PostgresLocks)
             conn.execute(*parent.runtime.locks.statement(spec.lock(command)))
-        if statement is not None:
-            opened = conn.cursor(row_factory=dict_row)
-            plan.json_as_python(opened)
-            opened.execute(statement.query, statement.params)
-    if statement is not None:
-        rows = opened.fetchall() if opened.description else []
-        opened.close()
+        opened = step_tx.run_opening(conn, statement) if statement is not None else None
+    rows = step_tx.opened_rows(opened) if opened is not None else None
     locks = parent.runtime.locks if parent.runtime is not None else None
     ctx = StepContext(
         conn=conn,
