@@ -147,7 +147,7 @@ def _run_killing_two_workers(run: KillAndRecover, conn: psycopg.Connection[Any],
         at_restart = run.counts()
         fleet.restart(0)
         fleet.restart(1)
-        run.wait_for("every saga", lambda: run.ended() >= plan.orders, plan.timeout)
+        run.wait_for("every saga", lambda: run.settled() >= plan.orders, plan.timeout)
         wait_until(lambda: _pending_outbox_rows(conn) == 0, timeout=60, what="every outbox drained")
         wait_until(lambda: _uncommitted(run.env["ESTAFETA_BROKER_URL"]) == {}, timeout=60, what="offsets committed")
         duplicates = sum(

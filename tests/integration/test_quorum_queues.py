@@ -328,7 +328,7 @@ def test_an_order_system_moved_from_classic_to_quorum_queues_mid_run_loses_no_or
         after = {name: n for name, n in rabbitmq_messages(vhost).items() if n}
         assert after == queued, moved
         run.start()
-        run.wait_for("every saga", lambda: run.ended() >= plan.orders, plan.timeout)
+        run.wait_for("every saga", lambda: run.settled() >= plan.orders, plan.timeout)
     finally:
         run.stop()
     report = run.report(0)

@@ -114,7 +114,7 @@ def test_order_sagas_on_quorum_queues_survive_the_leader_killed_and_another_node
             time.sleep(10)  # the fault's length, not a wait for a condition
             stopped.ctl("start_app")
             phase("app started again")
-            run.wait_for("every saga", lambda: run.ended() >= 2 * wave, plan.timeout)
+            run.wait_for("every saga", lambda: run.settled() >= 2 * wave, plan.timeout)
             try:
                 run.wait_for("the outboxes drained", lambda: _outbox_rows(run) == 0, 120)
             except TimeoutError as exc:  # say what stayed, and why: a stuck relay or failed rows
