@@ -81,12 +81,14 @@ class Child:
             self.popen.wait(30)
 
     def stop(self) -> None:
+        """SIGTERM, SIGKILL after 30 s; then SIGKILL to what is left of the group (a worker that outlived its main)."""
         if self.popen.poll() is None:
             self.kill(signal.SIGTERM)
             try:
                 self.popen.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self.kill()
 
 
 class KillAndRecover:

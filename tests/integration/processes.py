@@ -54,7 +54,12 @@ class Process:
             os.killpg(self.popen.pid, sig)
 
     def stop(self, timeout: float = 15) -> int | None:
-        """SIGTERM, then SIGKILL if it does not exit within ``timeout``."""
+        """SIGTERM, then SIGKILL if it does not exit within ``timeout``; then SIGKILL to what is left of its group.
+
+        A ``dramatiq`` worker process can outlive its main one (one hung at its start, as
+        under ``opentelemetry-instrument`` in CI) and would go on serving the session's
+        database, re-sending the next tests' sagas from its watchdog.
+        """
         if self.popen.poll() is None:
             self.kill(signal.SIGTERM)
             try:
@@ -62,6 +67,7 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.kill(signal.SIGKILL)
                 self.popen.wait(10)
+        self.kill(signal.SIGKILL)
         self._log_file.close()
         return self.popen.returncode
 
