@@ -36,6 +36,12 @@ class SeparateServers(OrderRun):
         self.dsns = dsns
         self.connected: dict[str, set[str]] = {}
 
+    def _half_and_compensating(self) -> bool:
+        # The second kill needs only half the sagas ended (what the test checks): on 100
+        # orders the compensations can all be over by then, and waiting for one to be in
+        # flight waited for the end and skipped the kill (CI: one kill, every saga ended).
+        return self.ended() >= self.plan.orders // 2
+
     def _place_and_survive(self) -> None:
         super()._place_and_survive()
         wait_until("the outboxes to drain", lambda: not any(pending_outbox_rows(self.dsns).values()), 60)
