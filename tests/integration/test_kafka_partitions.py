@@ -92,8 +92,11 @@ def test_sagas_survive_two_of_four_workers_killed_with_12_partitions(
     print(outcome)
 
     # Killed with sagas in flight, and restarted while sagas still ran: two rebalances of every group mid-run.
+    # (At the restart, running or compensating: on a quick day the survivors had finished every
+    # saga that was going to complete while the groups rebalanced, and only compensations moved.)
     assert outcome["at_kill"].get("running", 0) > 0, outcome["at_kill"]
-    assert outcome["at_restart"].get("running", 0) > 0, outcome["at_restart"]
+    in_flight_at_restart = outcome["at_restart"].get("running", 0) + outcome["at_restart"].get("compensating", 0)
+    assert in_flight_at_restart > 0, outcome["at_restart"]
     # Every saga final, money and stock conserved, nobody charged twice, nothing parked.
     assert report["orders"] == ORDERS
     assert set(report["sagas"]) <= {"completed", "compensated"}, report["sagas"]
