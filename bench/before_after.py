@@ -107,22 +107,21 @@ def remove(place: Path) -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(place)], check=False)
 
 
-def _run(command: list[str], what: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True)
+def _run(command: list[str], what: str, **options: Any) -> str:
+    """``command``'s output; :class:`Refused` with its last line of output if it fails."""
+    done = subprocess.run(command, capture_output=True, text=True, **options)
     if done.returncode != 0:
         last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
         raise Refused(f"could not {what}: {last[0]}")
+    return done.stdout
 
 
 def measure(place: Path, orders: int) -> dict[str, float]:
     """One ``bench.sagas`` RabbitMQ run of the checkout at ``place`` (its own interpreter and code)."""
     command = [str(place / ".venv/bin/python"), "-m", "bench.sagas", "--broker", "rabbitmq", "--no-peers"]
     command += ["--steady-rate", "0", "--orders", str(orders), "--json"]
-    done = subprocess.run(command, cwd=place, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
-    if done.returncode != 0:
-        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise Refused(f"bench.sagas in {place} failed: {last[0]}")
-    return figures(json.loads(done.stdout))
+    out = _run(command, f"run bench.sagas in {place}", cwd=place, env={**os.environ, "PYTHONPATH": ""})
+    return figures(json.loads(out))
 
 
 def parser() -> argparse.ArgumentParser:
