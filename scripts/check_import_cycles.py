@@ -1,6 +1,7 @@
-"""Fail when modules import each other in a loop at run time; print each loop on one line.
+"""Fail when modules import each other in a loop; print each loop on one line.
 
-    python scripts/check_import_cycles.py [PACKAGE ...]   # run by `make lint`
+    python scripts/check_import_cycles.py [--type-checking] [PACKAGE ...]
+    # `make lint` runs it with --type-checking
 
 The packages default to import-linter's ``root_packages`` in ``pyproject.toml``; run it
 from the repository root (the current directory comes first on ``sys.path``).
@@ -12,6 +13,10 @@ An import under ``if TYPE_CHECKING:`` never runs (the project's ``from __future_
 annotations`` keeps every annotation a string), so a loop closed only by one ties two
 modules' types, not their loading; the layering contracts of import-linter still count it.
 A loop through a package's ``__init__`` counts too.
+
+With ``--type-checking`` those imports count as well: two modules whose types name each
+other are one concept split in two, or a pair that wants a small module both can import
+(a reader cannot understand either alone). ``make lint`` runs it so.
 """
 
 from __future__ import annotations
@@ -29,9 +34,14 @@ import grimp
 Graph = Mapping[str, Sequence[str]]
 
 
-def run_time_imports(packages: Sequence[str]) -> tuple[grimp.ImportGraph, dict[str, list[str]]]:
-    """The import graph of ``packages`` (theirs only) without type-checking imports, and each module's imports."""
-    graph = grimp.build_graph(*packages, exclude_type_checking_imports=True, cache_dir=None)
+def module_imports(
+    packages: Sequence[str], *, type_checking: bool = False
+) -> tuple[grimp.ImportGraph, dict[str, list[str]]]:
+    """The import graph of ``packages`` (theirs only) and each module's imports.
+
+    Imports under ``if TYPE_CHECKING:`` are left out unless ``type_checking``.
+    """
+    graph = grimp.build_graph(*packages, exclude_type_checking_imports=not type_checking, cache_dir=None)
     imports = {module: sorted(graph.find_modules_directly_imported_by(module)) for module in sorted(graph.modules)}
     return graph, imports
 
@@ -108,19 +118,22 @@ def root_packages() -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Print each run-time import cycle of the packages on one line; 1 if there is any, else 0."""
+    """Print each import cycle of the packages on one line; 1 if there is any, else 0."""
     sys.path.insert(0, os.getcwd())
-    packages = list(argv) or root_packages()
-    graph, imports = run_time_imports(packages)
+    type_checking = "--type-checking" in argv
+    packages = [arg for arg in argv if arg != "--type-checking"] or root_packages()
+    graph, imports = module_imports(packages, type_checking=type_checking)
+    kind = "import cycle" if type_checking else "run-time import cycle"
+    scope = ", type-checking imports included," if type_checking else ""
     found = 0
     for tangle in tangles(imports):
         found += 1
         print(describe_loop(graph, shortest_loop(imports, tangle[0], set(tangle)), tangle))
     if found:
-        print(f"{found} run-time import cycle(s) in {', '.join(packages)}: move what both sides share into a module")
-        print("of its own, or pass the dependency in (an `if TYPE_CHECKING:` import is enough for annotations).")
+        print(f"{found} {kind}(s){scope} in {', '.join(packages)}: move what both sides share into a module")
+        print("of its own, or pass the dependency in.")
         return 1
-    print(f"No run-time import cycle in {', '.join(packages)}.")
+    print(f"No {kind}{scope.rstrip(',')} in {', '.join(packages)}.")
     return 0
 
 

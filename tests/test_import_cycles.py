@@ -84,3 +84,27 @@ def test_a_loop_closed_only_by_a_type_checking_import_passes(tmp_path: Path) -> 
     )
     result = check(tmp_path, "loop")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_loop_closed_only_by_a_type_checking_import_fails_with_type_checking(tmp_path: Path) -> None:
+    package(
+        tmp_path,
+        "loop",
+        {
+            "app": "from .saga import Saga\n\nclass App: ...\n",
+            "saga": """\
+                from __future__ import annotations
+                from typing import TYPE_CHECKING
+                if TYPE_CHECKING:
+                    from .app import App
+
+                class Saga:
+                    def __init__(self, app: App) -> None:
+                        self.app = app
+                """,
+        },
+    )
+    result = check(tmp_path, "--type-checking", "loop")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "loop.saga -> loop.app (loop/saga.py:4)" in result.stdout
+    assert "type-checking imports included" in result.stdout
