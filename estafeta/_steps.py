@@ -494,22 +494,26 @@ def run_local(
     """Run ``spec``'s function on ``command`` in a savepoint of ``parent``'s transaction (a saga's local step).
 
     What a delivery of the command as a message would do, without the message: the step's
-    lock (PostgreSQL's, held to the end of the transaction) and its opening statement go
-    in one round trip after the savepoint; its sends ride with the parent's commit; a
-    :class:`BusinessFailure` rolls back to the savepoint, drops what the step sent and
-    writes what it asked to write on refusal. Any other error is raised: the parent's
-    transaction fails with it. No inbox record is written: the transaction that runs the
-    step is the one that decided to, and commits with it or not at all.
+    lock (PostgreSQL's, taken before the savepoint, so held to the end of the parent's
+    transaction, a refusal's writes included), the savepoint and its opening statement go
+    in one round trip; its sends ride with the parent's commit; a :class:`BusinessFailure`
+    rolls back to the savepoint, drops what the step sent and writes what it asked to write
+    on refusal. Any other error is raised: the parent's transaction fails with it. No inbox
+    record is written: the transaction that runs the step is the one that decided to, and
+    commits with it or not at all.
     """
     assert runs_local(spec, parent), f"{spec.actor_name} cannot run in {parent.service}'s transaction"
     conn = parent.conn
     statement = spec.opening(command) if spec.opening is not None else None
     with conn.pipeline():
         outbox.write_held(conn)  # the parent's rows so far: a refusal drops only this step's own
-        conn.execute(f"SAVEPOINT {step_tx.LOCAL_SAVEPOINT}")
         if spec.lock is not None:
+            # Before the savepoint, as a delivered step takes it before its own: a refusal
+            # rolls back to the savepoint, and its writes and the rest of the parent's
+            # transaction must run under the lock too.
             assert parent.runtime is not None and isinstance(parent.runtime.locks, PostgresLocks)
             conn.execute(*parent.runtime.locks.statement(spec.lock(command)))
+        conn.execute(f"SAVEPOINT {step_tx.LOCAL_SAVEPOINT}")
         opened = step_tx.run_opening(conn, statement) if statement is not None else None
     rows = step_tx.opened_rows(opened) if opened is not None else None
     locks = parent.runtime.locks if parent.runtime is not None else None

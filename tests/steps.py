@@ -8,8 +8,11 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import attrs
+import psycopg
 
 from actors.pingpong import Pong
 from estafeta import BusinessFailure, StepContext, cancel
@@ -77,6 +80,27 @@ def explode(ctx: StepContext, command: Explode) -> None:
 def refuse(ctx: StepContext, command: Refuse) -> dict[str, str]:
     _record_and_send(ctx, command.ping_id)
     raise BusinessFailure("not enough money in account 42")
+
+
+@attrs.frozen
+class RefuseLocked:
+    """Under the lock on ``refuse:<ping_id>``, refuse for a business reason, recording the ping with the refusal."""
+
+    ping_id: uuid.UUID
+
+
+#: Called while ``probe.test_refuse_locked`` writes its refusal, by ping id: what the test looks at then.
+WHILE_REFUSING: dict[uuid.UUID, Callable[[], object]] = {}
+
+
+@SERVICE.step(RefuseLocked, name="test_refuse_locked", lock=lambda c: f"refuse:{c.ping_id}")
+def refuse_locked(ctx: StepContext, command: RefuseLocked) -> None:
+    def record(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("INSERT INTO probe.pings (ping_id, sent_at) VALUES (%s, now())", (command.ping_id,))
+        WHILE_REFUSING.pop(command.ping_id, lambda: None)()
+
+    ctx.on_refusal(record)
+    raise BusinessFailure(f"ping {command.ping_id} refused")
 
 
 @attrs.frozen

@@ -227,3 +227,57 @@ def test_only_a_step_of_the_callers_service_runs_in_its_transaction(runtime: Run
         parent = _parent(runtime, tx)
         assert runs_local(steps.refuse, parent)
         assert not runs_local(pingpong.pong, parent)
+
+
+# -- the local step's lock: held from before its savepoint to the caller's commit --------
+
+
+def _lock_free(conn, key: str) -> bool:
+    """Whether another session can take the step lock on ``key`` now (it gives it back at once: autocommit)."""
+    return bool(scalar(conn, "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", key))
+
+
+def test_a_refusing_local_step_keeps_its_lock_while_its_refusal_is_written_and_to_the_commit(
+    runtime: Runtime, conn
+) -> None:
+    ping_id = uuid.uuid4()
+    key = f"refuse:{ping_id}"
+    free: list[bool] = []
+    steps.WHILE_REFUSING[ping_id] = lambda: free.append(_lock_free(conn, key))
+    with runtime.database("probe").transaction() as tx, outbox.held_until_commit(tx):
+        done = run_local(
+            _parent(runtime, tx),
+            steps.refuse_locked,
+            steps.RefuseLocked(ping_id),
+            message_id=uuid.uuid4(),
+            saga_id=uuid.uuid4(),
+            options={},
+        )
+        free.append(_lock_free(conn, key))  # the rest of the caller's transaction
+    assert done == LocalOutcome(ok=False, error=f"ping {ping_id} refused")
+    # Another session could take the lock neither while the refusal was written nor after.
+    assert free == [False, False]
+    assert _lock_free(conn, key)  # the caller's commit released it
+    assert [r[0] for r in conn.execute("SELECT ping_id FROM probe.pings").fetchall()] == [ping_id]
+
+
+def test_the_order_stays_locked_until_the_reply_that_ran_its_refused_confirmation_commits(
+    runtime: Runtime, conn, courier: Courier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    conn.execute("UPDATE orders.orders SET status = 'cancelled' WHERE order_id = %s", (placed.order_id,))
+    hook = ORDER_SAGA.on_transition
+    assert hook is not None
+    free: dict[str, bool] = {}
+
+    def watching(tx, transition) -> None:
+        # The saga's move past the refused confirmation, in the reply's transaction.
+        free[transition.event] = _lock_free(conn, str(placed.order_id))
+        hook(tx, transition)
+
+    monkeypatch.setattr(ORDER_SAGA, "on_transition", watching)
+    courier.run()
+    assert saga(conn, placed.saga_id).status == "failed"
+    assert free["failed"] is False  # the confirmation's lock was still held by the reply's transaction
+    assert _lock_free(conn, str(placed.order_id))
