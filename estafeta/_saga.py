@@ -56,6 +56,7 @@ from sql.sagas import KEY_TYPES, SagaRow, SagaTable
 
 from . import _outbox as outbox
 from ._errors import BusinessFailure, InvalidMessage
+from ._local_steps import run_local, runs_local
 from ._messages import from_json, to_json
 from ._saga_model import (
     ACTION,
@@ -71,7 +72,7 @@ from ._saga_model import (
     uncompensated,
 )
 from ._step_spec import StepSpec
-from ._steps import REPLY_TO, Reply, StepContext, run_local, runs_local
+from ._steps import REPLY_TO, Reply, StepContext
 
 if TYPE_CHECKING:
     from ._app import Service
@@ -506,7 +507,7 @@ class Saga:
         """Run the command the saga of ``row`` waits on in ``ctx``'s transaction, and move on with its outcome.
 
         Sent as any other instead when it is not for a step of the saga's own service that
-        can run here (:func:`estafeta._steps.runs_local`: one whose lock, if it has one, is
+        can run here (:func:`estafeta._local_steps.runs_local`: one whose lock, if it has one, is
         PostgreSQL's).
         """
         built = self.command_for(row)

@@ -18,7 +18,8 @@ from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Pong
 from estafeta import Runtime, StepContext
 from estafeta import _outbox as outbox
-from estafeta._steps import LocalOutcome, Outcome, run_local, runs_local
+from estafeta._local_steps import LocalOutcome, run_local, runs_local
+from estafeta._steps import Outcome
 
 from . import steps
 from .helpers import scalar
