@@ -12,10 +12,15 @@ import uuid
 from typing import Any
 
 import attrs
+import psycopg
+
+from sql.errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
+from sql.pool import is_outage
 
 from . import _outbox as outbox
 from . import _step_tx as step_tx
 from ._errors import BusinessFailure
+from ._events import ConcurrencyConflict
 from ._locks import PostgresLocks
 from ._messages import to_json
 from ._step_spec import StepSpec
@@ -26,11 +31,14 @@ logger = logging.getLogger(__name__)
 
 @attrs.frozen
 class LocalOutcome:
-    """What a saga's local step did (:func:`run_local`): its result, or its refusal."""
+    """What a saga's local step did (:func:`run_local`): its result, its refusal, or the error it broke with."""
 
     ok: bool
     result: Any = None
+    #: The refusal's reason, or what the step raised (``broke``).
     error: str | None = None
+    #: ``True``: the step raised an error of its own, not a refusal (see :func:`run_local`).
+    broke: bool = False
 
 
 def runs_local(spec: StepSpec, parent: StepContext) -> bool:
@@ -56,11 +64,65 @@ def run_local(
     transaction, a refusal's writes included), the savepoint and its opening statement go
     in one round trip; its sends ride with the parent's commit; a :class:`BusinessFailure`
     rolls back to the savepoint, drops what the step sent and writes what it asked to write
-    on refusal. Any other error is raised: the parent's transaction fails with it. No inbox
-    record is written: the transaction that runs the step is the one that decided to, and
-    commits with it or not at all.
+    on refusal. No inbox record is written: the transaction that runs the step is the one
+    that decided to, and commits with it or not at all.
+
+    Any other error of the step rolls back to the savepoint too, and comes back as the
+    step's outcome (``broke``, its ``error`` naming the step and the exception, logged with
+    its traceback): the saga fails at this step, as when a sent step never answers, and the
+    transaction of the reply that moved the saga here commits. Only what may pass on another
+    try is raised, failing the parent's transaction for its message to be delivered again: a
+    database outage, a serialization failure or deadlock, a lock or statement timeout
+    (:func:`retried_with_the_parent`), and an error before the savepoint (taking the lock).
     """
     assert runs_local(spec, parent), f"{spec.actor_name} cannot run in {parent.service}'s transaction"
+    ctx = _open(parent, spec, command, message_id=message_id, saga_id=saga_id, options=options)
+    conn = parent.conn
+    try:
+        result = spec.fn(ctx, command)
+        for hook in ctx.commit_hooks:
+            hook()
+    except BusinessFailure as failure:
+        step_tx.roll_back_work(conn, step_tx.LOCAL_SAVEPOINT)
+        outbox.drop_held(conn)
+        for write in ctx.refusal_writes:
+            write(conn)
+        logger.info("%s: local step refused %s: %s", spec.actor_name, message_id, failure)
+        return LocalOutcome(ok=False, error=str(failure))
+    except Exception as exc:
+        if retried_with_the_parent(exc):
+            raise
+        # A connection that is gone cannot go back to the savepoint: that error is raised.
+        step_tx.roll_back_work(conn, step_tx.LOCAL_SAVEPOINT)
+        outbox.drop_held(conn)
+        logger.exception("%s: local step %s broke; its saga fails at it", spec.actor_name, message_id)
+        return LocalOutcome(ok=False, error=f"{spec.actor_name} raised {_first_line(exc)}", broke=True)
+    return LocalOutcome(ok=True, result=to_json(result) if attrs.has(type(result)) else result)
+
+
+def retried_with_the_parent(exc: Exception) -> bool:
+    """Whether a local step's ``exc`` may pass on another try: an outage, a conflict or a timeout, not the step's fault.
+
+    Such an error fails the parent's transaction, as it fails a delivered step's, and the
+    parent's message is delivered again; any other error is the step's own.
+    """
+    if isinstance(exc, psycopg.Error):
+        return is_outage(exc) or exc.sqlstate in StatementFailed.TRANSIENT_STATES
+    if isinstance(exc, StatementFailed):
+        return exc.transient
+    return isinstance(exc, DatabaseUnavailable | LockNotAcquired | ConcurrencyConflict)
+
+
+def _open(
+    parent: StepContext,
+    spec: StepSpec,
+    command: Any,
+    *,
+    message_id: uuid.UUID,
+    saga_id: uuid.UUID,
+    options: dict[str, Any],
+) -> StepContext:
+    """Take the step's lock, open its savepoint and run its opening statement (one round trip); its context."""
     conn = parent.conn
     statement = spec.opening(command) if spec.opening is not None else None
     with conn.pipeline():
@@ -75,7 +137,7 @@ def run_local(
         opened = step_tx.run_opening(conn, statement) if statement is not None else None
     rows = step_tx.opened_rows(opened) if opened is not None else None
     locks = parent.runtime.locks if parent.runtime is not None else None
-    ctx = StepContext(
+    return StepContext(
         conn=conn,
         service=spec.service,
         message_id=message_id,
@@ -88,15 +150,9 @@ def run_local(
         opening=rows,
         runtime=parent.runtime,
     )
-    try:
-        result = spec.fn(ctx, command)
-        for hook in ctx.commit_hooks:
-            hook()
-    except BusinessFailure as failure:
-        step_tx.roll_back_work(conn, step_tx.LOCAL_SAVEPOINT)
-        outbox.drop_held(conn)
-        for write in ctx.refusal_writes:
-            write(conn)
-        logger.info("%s: local step refused %s: %s", spec.actor_name, message_id, failure)
-        return LocalOutcome(ok=False, error=str(failure))
-    return LocalOutcome(ok=True, result=to_json(result) if attrs.has(type(result)) else result)
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: message``, the message's first line only (a database error's goes on with its context)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -145,7 +145,8 @@ class Saga:
     transaction (Eventuate Tram's local steps). It saves a command, a reply and their two
     transactions; the step's effects and the saga's move commit together. Its command is
     still sent when the saga starts at it or sends it again (the watchdog, an operator's
-    resume), and when its step takes a Redis lock.
+    resume), and when its step takes a Redis lock. A local step that breaks (raises anything
+    but a refusal or a transient database error) is handled as that step's failure, as a refusal is.
     """
 
     def __init__(
@@ -323,8 +324,13 @@ class Saga:
         REPLIES.labels(self.name, "late" if late else "accepted").inc()
         self._take(ctx, row, reply, ctx.options.get("traceparent"), local=False)
 
-    def _take(self, ctx: StepContext, row: SagaRow, reply: Reply, traceparent: str | None, *, local: bool) -> None:
-        """Move the saga of ``row`` on with ``reply``, the answer to its command (``local``: a local step's outcome)."""
+    def _take(
+        self, ctx: StepContext, row: SagaRow, reply: Reply, traceparent: str | None, *, local: bool, broke: bool = False
+    ) -> None:
+        """Move the saga of ``row`` on with ``reply``, the answer to its command (``local``: a local step's outcome).
+
+        ``broke``: the local step raised an error, not a refusal: the saga fails at it all the same.
+        """
         if reply.context["direction"] == ACTION:
             if reply.ok:
                 try:
@@ -343,7 +349,8 @@ class Saga:
         elif reply.ok:
             self._compensation_done(ctx.conn, row, reply, traceparent, ctx=ctx)
         else:
-            self._give_up(ctx.conn, row, f"compensation {row.current_step} refused: {reply.error}", reply=reply)
+            how = "failed" if broke else "refused"
+            self._give_up(ctx.conn, row, f"compensation {row.current_step} {how}: {reply.error}", reply=reply)
 
     def awaits(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
         """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context.
@@ -524,7 +531,7 @@ class Saga:
         context = self._context(row, current, direction)
         reply = Reply(in_reply_to=str(message_id), ok=done.ok, context=context, result=done.result, error=done.error)
         REPLIES.labels(self.name, "local").inc()
-        self._take(ctx, row, reply, tp, local=True)
+        self._take(ctx, row, reply, tp, local=True, broke=done.broke)
 
     # -- commands -------------------------------------------------------------------------
 

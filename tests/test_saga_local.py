@@ -9,19 +9,21 @@ moves on in that same transaction.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from actors import pingpong
+from actors import orders, pingpong
 from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Pong
-from estafeta import Runtime, StepContext
+from estafeta import Clock, Runtime, StepContext, Watchdog
 from estafeta import _outbox as outbox
 from estafeta._local_steps import LocalOutcome, run_local, runs_local
 from estafeta._steps import Outcome
+from estafeta.testing import VirtualClock
 
 from . import steps
+from .app import app as tests_app
 from .helpers import scalar
 from .shop import Courier, events, place, saga, seed
 from .test_saga import (
@@ -32,10 +34,12 @@ from .test_saga import (
     RELEASE,
     REPLY,
     RESERVE,
+    TIMEOUT,
     available,
     balance,
     notified,
     order_status,
+    overdue,
 )
 
 pytestmark = pytest.mark.usefixtures("local_steps")
@@ -53,6 +57,12 @@ def local_steps() -> Iterator[None]:
 @pytest.fixture
 def courier(runtime: Runtime, conn) -> Courier:
     return Courier(runtime, conn)
+
+
+@pytest.fixture
+def clock(runtime: Runtime) -> VirtualClock:
+    """The virtual clock with the order saga's watchdog; the Courier delivers by hand, so no relay pass."""
+    return VirtualClock(Clock(runtime, tests_app.service_names), watchdog=Watchdog(runtime, [ORDER_SAGA]))
 
 
 def _inbox(conn, consumer: str) -> int:
@@ -124,18 +134,111 @@ def test_a_local_step_that_refuses_undoes_only_its_own_work(runtime: Runtime, co
     assert courier.pending() == []
 
 
-def test_a_local_step_that_fails_rolls_back_the_reply_that_ran_it(runtime: Runtime, conn, courier: Courier) -> None:
+@pytest.fixture
+def refuse_order_updates(conn) -> Iterator[Callable[[str], None]]:
+    """``refuse(errcode)``: make the orders table refuse every update with a database error of that SQLSTATE
+    (by name), until the test ends."""
+
+    def refuse(errcode: str) -> None:
+        conn.execute(
+            f"""CREATE OR REPLACE FUNCTION orders.refuse() RETURNS trigger LANGUAGE plpgsql AS
+                $$ BEGIN RAISE EXCEPTION 'orders are read-only' USING ERRCODE = '{errcode}'; END $$;
+                CREATE TRIGGER refuse BEFORE UPDATE ON orders.orders FOR EACH ROW EXECUTE FUNCTION orders.refuse()"""
+        )
+
+    yield refuse
+    conn.execute("DROP TRIGGER IF EXISTS refuse ON orders.orders")
+
+
+@pytest.fixture
+def break_orders(
+    conn, monkeypatch: pytest.MonkeyPatch, refuse_order_updates: Callable[[str], None]
+) -> Callable[[str], str]:
+    """``break_orders(breakage)``: make the orders service's status steps (ConfirmOrder, CancelOrder) raise
+    ``"a bug"`` (a KeyError) or ``"a database error"``; return what their error says."""
+
+    def breaks(breakage: str) -> str:
+        if breakage == "a database error":
+            refuse_order_updates("raise_exception")
+            return "RaiseException: orders are read-only"
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise KeyError("status")
+
+        monkeypatch.setattr(orders, "_set_status", broken)
+        return "KeyError: 'status'"
+
+    return breaks
+
+
+def _mend_orders(conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.undo()
+    conn.execute("DROP TRIGGER IF EXISTS refuse ON orders.orders")
+
+
+@pytest.mark.parametrize("breakage", ["a bug", "a database error"])
+def test_a_local_step_that_breaks_fails_the_saga_at_it_and_the_step_before_runs_once(
+    runtime: Runtime,
+    conn,
+    courier: Courier,
+    clock: VirtualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    break_orders: Callable[[str], str],
+    breakage: str,
+) -> None:
+    seed(runtime, {"c1": 10_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
+    error = break_orders(breakage)
+    # The reservation's reply runs the confirmation, which breaks: the reply still commits.
+    assert courier.run() == [(CHARGE, "ok"), (REPLY, "ok"), (RESERVE, "ok"), (REPLY, "ok")]
+    row = saga(conn, placed.saga_id)
+    # Past its point of no return, the saga fails for an operator, at the broken step, with its error.
+    assert (row.status, row.current_step) == ("failed", "confirm_order")
+    assert row.last_error == f"confirm_order: orders.confirm_order raised {error}"
+    assert set(row.results) == {"charge_payment", "reserve_inventory"}
+    assert order_status(conn, placed.order_id) == "pending"  # the step's work rolled back
+    assert scalar(conn, "SELECT count(*) FROM orders.dead_letters") == 0  # the reply was not parked
+    # Nothing waits for a reply: the watchdog sends no step again, and the reservation ran once.
+    for attempt in range(1, 4):
+        assert overdue(clock, attempt) == {}
+        assert courier.run() == []
+    assert scalar(conn, "SELECT count(*) FROM inventory.inbox WHERE consumer = %s", RESERVE) == 1
+    assert available(conn) == 3
+    # Once the step is mended, an operator's resume sends its command, as any other.
+    _mend_orders(conn, monkeypatch)
+    with runtime.database("orders").transaction() as tx:
+        ORDER_SAGA.resume(tx, placed.saga_id)
+    assert courier.run() == [(CONFIRM, "ok"), (REPLY, "ok"), (NOTIFY, "ok"), (REPLY, "ok")]
+    assert saga(conn, placed.saga_id).status == "completed"
+    assert order_status(conn, placed.order_id) == "confirmed"
+
+
+def test_a_local_compensation_that_breaks_fails_the_saga_at_it(
+    runtime: Runtime, conn, courier: Courier, break_orders: Callable[[str], str]
+) -> None:
+    seed(runtime, {"c1": 1_000}, {"s1": 5})
+    placed = place(runtime, "c1", "s1", 2, 3_000)
+    error = break_orders("a bug")
+    # The charge's refusal runs the order's cancellation, which breaks.
+    assert courier.run() == [(CHARGE, "failed"), (REPLY, "ok")]
+    row = saga(conn, placed.saga_id)
+    assert (row.status, row.current_step) == ("failed", "place_order")
+    assert row.last_error == f"compensation place_order failed: orders.cancel_order raised {error}"
+    assert order_status(conn, placed.order_id) == "pending"
+    assert scalar(conn, "SELECT count(*) FROM orders.dead_letters") == 0
+
+
+def test_a_local_step_that_meets_a_transient_error_rolls_back_the_reply_that_ran_it(
+    runtime: Runtime, conn, courier: Courier, refuse_order_updates: Callable[[str], None]
+) -> None:
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000)
     assert courier.run(hold=frozenset({REPLY})) == [(CHARGE, "ok")]
     assert courier.deliver(courier.take(REPLY)) == Outcome.OK
     assert courier.run(hold=frozenset({REPLY})) == [(RESERVE, "ok")]
-    # The orders table refuses every update: the confirmation fails with a database error.
-    conn.execute(
-        """CREATE FUNCTION orders.refuse() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN RAISE EXCEPTION 'orders are read-only'; END $$;
-           CREATE TRIGGER refuse BEFORE UPDATE ON orders.orders FOR EACH ROW EXECUTE FUNCTION orders.refuse()"""
-    )
+    # A conflict the next try may not meet (a serialization failure, a deadlock, a lock or
+    # statement timeout, a lost connection) is no fault of the step: the reply is tried again.
+    refuse_order_updates("serialization_failure")
     reply = courier.take(REPLY)
     before = saga(conn, placed.saga_id)
     with pytest.raises(Exception, match="orders are read-only"):
