@@ -118,3 +118,8 @@ def test_the_readme_is_short_and_links_to_the_site() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 300
     assert "docs/index.md" in readme and "make test" in readme and "make system-deps" in readme
+
+
+def test_the_performance_page_is_a_page_a_user_reads() -> None:
+    """Current figures, how to reproduce them and what did not pay: no chronological log."""
+    assert len((DOCS / "performance.md").read_text().splitlines()) <= 300
