@@ -9,7 +9,7 @@ over HTTP (the server's time: the whole response) and loaded as many times in De
 headless Chromium through chromedriver (navigation start to the load event: the page
 laid out and drawn, its clock script run). Then every saga on one list page (the console
 pages by 50): the list read and its template drawn, loaded from a file in Chromium.
-Medians are printed beside the budget the issue sets: a page in under a second.
+Medians are printed beside the budget: a page in under a second.
 
 ``scripts/console_screenshots.py`` takes the documentation's pictures on the same data.
 """
@@ -39,7 +39,7 @@ from estafeta import Runtime, Settings
 from .common import add_database_url, describe, machine, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
-#: What the issue asks of a page with 1,000 sagas.
+#: The budget of a page with 1,000 sagas.
 BUDGET_MS = 1000.0
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]

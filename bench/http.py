@@ -8,7 +8,7 @@ command in one transaction (the baseline); ``with keys`` adds the key's lock, lo
 record to that transaction. Figures: requests per second, p50 and p99 latency seen by
 the client, and the CPU each request cost the server process and the PostgreSQL backends
 serving it (read from /proc: it stays put when other work shares the cores, where req/s
-does not). The overhead of the record is given by both; the issue allows 20 %.
+does not). The overhead of the record is given by both; the budget is 20 %.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ the share of PostgreSQL's samples with that phase on the stack (a sample counts 
 function on its stack, so the shares overlap), then the functions PostgreSQL spent the most
 samples in, and the saga benchmark's own summary.
 
-This is how stop 39 found ``clock_now()`` planned at every call and psycopg's prepared
-statements dropped at every refusal (docs/performance.md). Needs ``perf`` (Debian's
+It showed ``clock_now()`` planned again at every call and psycopg's prepared statements
+dropped at every refusal, both since fixed (docs/performance.md). Needs ``perf`` (Debian's
 ``linux-perf``) and the right to sample every process (root, or ``perf_event_paranoid`` -1).
 """
 

@@ -29,7 +29,7 @@ from .relay_kafka import count_records, raw_kafka_rate
 from .relay_latency import latency, memory
 from .relay_setup import Services, fill, machine, relays, services, wait_empty, warm_up
 
-#: The issue's targets (2-core machine).
+#: The targets (2-core machine).
 TARGETS = {
     "rabbitmq_rows_per_second": 5000,
     "rabbitmq_vs_raw_pika": 0.5,

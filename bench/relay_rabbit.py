@@ -1,8 +1,8 @@
 """``python -m bench.relay_rabbit``: ``estafeta relay`` to RabbitMQ beside raw pika, alternated, in one run.
 
-The full ``bench.relay`` measures every broker once; this one measures only the figure of
-issue 26 item 3 (the relay's rows/s over raw pika's, publishing the same rows in batches
-of 100 with confirms), alternating the two ``--rounds`` times so the machine's noise falls
+The full ``bench.relay`` measures every broker once; this one measures only the relay's
+rows/s over raw pika's (publishing the same rows in batches of 100 with confirms),
+alternating the two ``--rounds`` times so the machine's noise falls
 on both, with the relay process's CPU per row (``/proc``) and, with ``--profile FILE``,
 py-spy's samples of the relay (raw, collapsed) for the first round.
 """

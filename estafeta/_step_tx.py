@@ -186,7 +186,7 @@ def roll_back_work(conn: psycopg.Connection[Any], savepoint: str = SAVEPOINT) ->
     ``ROLLBACK``, and ``ROLLBACK TO SAVEPOINT`` answers so. Where orders are refused now and
     then, a connection's statements were then parsed and planned again for their next ten
     executions (five unprepared, five custom plans) more often than not: 12% of PostgreSQL's
-    CPU in ``bench.sagas`` (docs/performance.md, stop 39). Rolling back to a savepoint drops
+    CPU in ``bench.sagas`` (measured with ``bench.pg_profile``). Rolling back to a savepoint drops
     no prepared statement on the server; only a step that changed a table's columns inside
     the savepoint could find a statement prepared after that change failing (``cached plan
     must not change result type``), and steps do not change tables.

@@ -137,7 +137,7 @@ def test_the_command_a_failed_saga_gave_up_on_is_replayed_and_its_answer_complet
 ) -> None:
     # The watchdog failed the saga for want of an answer to its confirm (past the point of no
     # return); the confirm itself was parked by its step. The saga takes a late answer to that
-    # very command (issue 23's finding), so the replay is not obsolete: it completes the saga.
+    # very command, so the replay is not obsolete: it completes the saga.
     seed(runtime, {"c1": 10_000}, {"s1": 5})
     placed = place(runtime, "c1", "s1", 2, 3_000, step_timeout=TIMEOUT)
     courier = Courier(runtime, conn)

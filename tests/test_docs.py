@@ -123,3 +123,46 @@ def test_the_readme_is_short_and_links_to_the_site() -> None:
 def test_the_performance_page_is_a_page_a_user_reads() -> None:
     """Current figures, how to reproduce them and what did not pay: no chronological log."""
     assert len((DOCS / "performance.md").read_text().splitlines()) <= 300
+
+
+#: How a build log names its units of work (one of the words below followed by a number,
+#: or "this" and one of them, or the tracker's possessive): words that mean nothing to a
+#: reader of the code or the docs. Built from parts so that this file does not match itself.
+_LOG_UNITS = "|".join(["st" + "op", "is" + "sue", "it" + "em", "tic" + "ket"])
+BUILD_LOG = re.compile(
+    rf"\b(?:{_LOG_UNITS})s?\s+#?\d|\bthis\s+(?:{'ses' + 'sion'}|{'st' + 'op'})\b|\bthe\s+{'is' + 'sue'}'s\b",
+    re.IGNORECASE,
+)
+
+
+def tracked_text_files() -> list[Path]:
+    """The repository's tracked files that are text (skipped outside a git checkout)."""
+    done = subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=ROOT, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"not a git checkout: {done.stderr.decode().strip()}")
+    paths = [ROOT / name for name in done.stdout.decode().split("\0") if name]
+    return [p for p in paths if p.is_file() and b"\0" not in p.read_bytes()[:8192]]
+
+
+def test_nothing_tracked_says_how_the_project_was_built() -> None:
+    """Code, tests, benchmarks, docs and the CHANGELOG say what a change does and why, not its ticket."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in tracked_text_files()
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if BUILD_LOG.search(line)
+    ]
+    assert found == [], "build-log words:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["Measured at st" + "op 32.", "(is" + "sue 20, it" + "em 7)", "in this ses" + "sion", "The is" + "sue's targets"],
+)
+def test_the_build_log_pattern_finds_its_words(line: str) -> None:
+    assert BUILD_LOG.search(line)
+
+
+@pytest.mark.parametrize("line", ["stop the relay", "an issue with 2 workers", "step 2", "round 3 (forward)"])
+def test_the_build_log_pattern_leaves_plain_words_alone(line: str) -> None:
+    assert not BUILD_LOG.search(line)

@@ -1,4 +1,4 @@
-"""A duplicate delivery never waits for its step's lock (issue 20, item 7), on every lock backend.
+"""A duplicate delivery never waits for its step's lock, on every lock backend.
 
 A delivery whose inbox record has committed is a duplicate: it is answered in its first
 round trip, takes no lock and counts no delivery, whoever holds the step's key. A copy

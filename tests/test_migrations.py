@@ -22,7 +22,7 @@ from .services import scratch_database
 
 SAGAS = {saga.name: saga for saga in order_system.sagas}
 
-#: The columns operators and other tools query: the issue fixes their names.
+#: The columns operators and other tools query: their names are fixed.
 OUTBOX_COLUMNS = {
     "id": "bigint", "message_id": "uuid", "queue_name": "text", "actor_name": "text", "message": "jsonb",
     "ordering_key": "text", "saga_id": "uuid", "created_at": "timestamp with time zone",

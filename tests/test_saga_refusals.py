@@ -1,6 +1,6 @@
 """A refusal is final: an earlier send of a refused command, retried late, takes no effect.
 
-The interleaving of issue 9, driven message by message: attempt 1 of a saga command
+The race, driven message by message: attempt 1 of a saga command
 meets the order's lock held elsewhere (``LockNotAcquired``) and waits in Dramatiq's retry
 backoff; the deadline passes and the watchdog sends attempt 2; attempt 2 is refused (no
 money, no stock) and the saga compensates; then money or stock arrives (another order's

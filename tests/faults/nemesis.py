@@ -46,7 +46,7 @@ from actors.kill_and_recover import ROOT, Child, KillAndRecover, Plan
 
 from .network import Network, Node
 
-#: The longest a lossy fault lasts (the issue's 20 s of 30 % loss).
+#: The longest a lossy fault lasts (20 s of 30 % loss).
 LOSS_SECONDS = 20.0
 #: The schemas whose outboxes must be empty once the run is quiet.
 SERVICES = ("orders", "payments", "inventory", "notifications", "pingpong")

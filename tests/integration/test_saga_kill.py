@@ -139,7 +139,7 @@ ORDERS_PER_BROKER = {"rabbitmq": 1000, "redis": 300, "kafka": 300}
 def test_done_means_a_thousand_orders_on_two_worker_processes_survive_kills(
     broker_url: str, database_url: str, runtime, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The issue's "done means": `dramatiq actors --processes 2` and `estafeta relay`,
+    """The full run: `dramatiq actors --processes 2` and `estafeta relay`,
     `estafeta orders place --count 1000`, workers and relay killed and restarted mid-way.
 
     A thousand orders on RabbitMQ; 300 on Redis and Kafka (see ``ORDERS_PER_BROKER``).

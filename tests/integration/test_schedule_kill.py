@@ -2,7 +2,7 @@
 
 The ticker app's three one-second schedules (catch-up ``all``, ``last`` and ``none``) run
 in four ``dramatiq tests.ticker_worker`` processes with a real relay on RabbitMQ. For
-``SCHEDULE_KILL_SECONDS`` (25 s by default; the issue's two minutes with 120),
+``SCHEDULE_KILL_SECONDS`` (25 s by default; two minutes with 120),
 a random worker or the relay is SIGKILLed and restarted every 0.3-2 s, and twice every
 worker is killed at once and left down for three to four seconds. Then the schedules are
 paused, the last messages drained, and the effect counted: one row per tick in
