@@ -5,7 +5,8 @@ Counters and the latency histogram are updated per batch. The outbox gauges
 so they show what is in the tables, whichever relay (or none) is draining them; the
 worker processes serve them too. Every name is ``estafeta_outbox_*``: the seed's names
 (``outbox_pending_count``, ``outbox_publish_latency_seconds``, ``outbox_failed_count``)
-in estafeta's namespace.
+in estafeta's namespace. ``estafeta_clock_moved`` says, per service, that a test's clock is
+moved in its schema (:class:`ClockCollector`), served by the same processes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sql import clock
 from sql import outbox as store
 
 if TYPE_CHECKING:
@@ -86,13 +88,51 @@ class OutboxCollector(Collector):
         return pending, failed, oldest
 
 
-#: The one collector of this process (registered once; ``serve`` points it at the outboxes).
+class ClockCollector(Collector):
+    """Whether each service's clock is moved (its clock table holds a row), read at scrape time.
+
+    Production never moves a clock: a 1 means every time-based decision of that schema
+    (deadlines, delays, backoffs, expiries, retention) reads a test's time.
+    """
+
+    def __init__(self, outboxes: Sequence[Outbox] = ()) -> None:
+        self.outboxes = list(outboxes)
+
+    def describe(self) -> Iterator[Any]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Any]:
+        moved = self._family()
+        for outbox in self.outboxes:
+            try:
+                with outbox.database.connection() as conn:
+                    found = clock.moved(conn, outbox.schema)
+            except Exception as exc:  # a scrape must not fail because one database is down
+                logger.warning("metrics: no clock state for %s: %s", outbox.schema, exc)
+                continue
+            moved.add_metric([outbox.schema], 0 if found is None else 1)
+        yield moved
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "estafeta_clock_moved",
+            "1 when a test's clock is moved in the service's schema (its clock table holds a row): "
+            "its decisions read that time, not PostgreSQL's",
+            labels=["service"],
+        )
+
+
+#: The collectors of this process (registered once; ``serve`` points them at the outboxes).
 COLLECTOR = OutboxCollector()
 REGISTRY.register(COLLECTOR)
+CLOCK_COLLECTOR = ClockCollector()
+REGISTRY.register(CLOCK_COLLECTOR)
 
 
 def serve(port: int, outboxes: Sequence[Outbox], addr: str = "0.0.0.0") -> Any:
     """Serve ``/metrics`` on ``addr:port`` in a daemon thread; return the HTTP server."""
     COLLECTOR.outboxes = list(outboxes)
+    CLOCK_COLLECTOR.outboxes = list(outboxes)
     server, _thread = start_http_server(port, addr=addr)
     return server

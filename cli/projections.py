@@ -13,6 +13,7 @@ import click
 from prometheus_client import start_http_server
 
 from estafeta import EventStore, Projection, Projector, Service, run_projectors
+from estafeta._clock import warn_if_moved
 from estafeta._projection_ops import projection_status, rebuild
 from sql import projection_store
 
@@ -81,6 +82,7 @@ def run_command(
     if unknown or not chosen:
         missing = sorted(unknown)[0] if unknown else ""
         raise click.BadParameter(f"no projection {missing!r} to run", param_hint="--projection")
+    warn_if_moved(runtime, sorted({service.name for service, _ in chosen}), "projections")
     if metrics_port:
         start_http_server(metrics_port, addr=metrics_host)
     stop = threading.Event()

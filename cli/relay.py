@@ -9,6 +9,7 @@ import threading
 import click
 
 from estafeta import build_relay
+from estafeta._clock import warn_if_moved
 from estafeta._middleware import embedded_notice
 from estafeta._relaying import close_relay, run_lanes
 
@@ -70,6 +71,7 @@ def relay_command(
     logging.getLogger("pika").setLevel(max(logging.getLogger().level, logging.WARNING))
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
     relays = [build_relay(runtime, context.broker, names, **options) for _ in range(1 if once else lanes)]
+    warn_if_moved(runtime, names, "relay")
     if metrics_port is not None:
         from brokers import metrics
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import attrs
 import click
 
+from estafeta._clock import warn_if_moved
+
 from .context import AppContext, current
 
 if TYPE_CHECKING:
@@ -85,6 +87,7 @@ def serve_command(
     context = current()
     listener = _listener(context, allow_actions, port, console_port)
     _check_migrated(context)
+    warn_if_moved(context.runtime, context.app.service_names, "serve")
     web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
     console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
     click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)

@@ -15,7 +15,14 @@ from brokers.tracing import messaging_system
 
 from . import _tracing as tracing
 from ._errors import SettingsError
-from ._middleware import EmbeddedDatabaseNotice, RefuseStubBroker, WorkerLogs, find_middleware, has_middleware
+from ._middleware import (
+    EmbeddedDatabaseNotice,
+    MovedClockWarning,
+    RefuseStubBroker,
+    WorkerLogs,
+    find_middleware,
+    has_middleware,
+)
 from ._projections import Projector
 from ._projector_run import ProjectorsMiddleware
 from ._retention import PruneMiddleware
@@ -63,6 +70,7 @@ def bind_app(
             broker.add_middleware(WorkerMetrics(app.service_names, app.sagas))
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
+    _warn_of_moved_clocks(broker, runtime, app)
     dramatiq.set_broker(broker)
     tracing.use_messaging_system(messaging_system(broker))
     actors = declare_actors(broker, runtime, app.steps.values())
@@ -75,6 +83,15 @@ def bind_app(
     if projectors:
         _project(broker, runtime, app)
     return Binding(app, broker, runtime, actors)
+
+
+def _warn_of_moved_clocks(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+    # Every `dramatiq` worker process says at boot which of its services' clocks are moved.
+    existing = find_middleware(broker, MovedClockWarning)
+    if existing is None:
+        broker.add_middleware(MovedClockWarning(runtime, app.service_names))
+        return
+    existing.services.extend(s for s in app.service_names if s not in existing.services)
 
 
 def _schedule(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:

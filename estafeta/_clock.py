@@ -8,10 +8,15 @@ stopped it at (``0008_clock_stop.sql``). So production takes
 its time from PostgreSQL with no extra round trip, no decision compares Python's clock
 with a database timestamp, and a test moves the time of every process that reads the
 database at once (workers, relays and watchdogs in other processes included).
+
+Only a transaction that asks for the test clock may move it (``0012_clock_test_only.sql``):
+:class:`Clock` asks. A clock found moved all the same is said at each process's start
+(:func:`warn_if_moved`) and in the ``estafeta_clock_moved`` gauge.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -20,6 +25,8 @@ from sql import clock as schema_clock
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
+
+logger = logging.getLogger(__name__)
 
 
 class Clock:
@@ -72,3 +79,35 @@ class Clock:
         for service in self.services:
             with self.runtime.database(service).transaction() as conn:
                 schema_clock.reset(conn, service)
+
+
+def warn_if_moved(runtime: Runtime, services: Iterable[str], process: str) -> list[str]:
+    """Log a warning for each of ``services`` whose clock is moved; return their names.
+
+    Every estafeta process calls it as it starts (``process`` says which: ``worker``,
+    ``relay``...): production never moves a clock, so a moved one is a test's clock left in
+    the database, or a write that should not have happened, and this process's decisions
+    will read its time. A service whose database cannot be read is skipped, with a line saying so.
+    """
+    found = []
+    for service in services:
+        try:
+            with runtime.database(service).connection() as conn:
+                moved = schema_clock.moved(conn, service)
+        except Exception as exc:  # the process reports its own outage; this check only notes it
+            logger.info("estafeta %s: could not read the clock of %s: %s", process, service, exc)
+            continue
+        if moved is not None:
+            found.append(service)
+            logger.warning(
+                "estafeta %s: the clock of schema %s is moved (%s): this process's deadlines, delays,"
+                " backoffs, expiries and retention in %s read that time, not PostgreSQL's. Production"
+                " never moves it: unless this database is a test's, run `DELETE FROM %s.clock`"
+                " (runbook: EstafetaClockMoved)",
+                process,
+                service,
+                moved.describe(),
+                service,
+                service,
+            )
+    return found

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import dramatiq
 
 from sql.embedded import DEFAULT_DATA_DIR
 
 from . import _logs as logs
+from ._clock import warn_if_moved
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
 
 #: What a worker on the StubBroker says before it stops.
 STUB_REFUSAL = (
@@ -52,6 +57,26 @@ class EmbeddedDatabaseNotice(dramatiq.Middleware):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class MovedClockWarning(dramatiq.Middleware):
+    """Warns, once per ``dramatiq`` worker process, of each service whose clock a test moved.
+
+    The look runs in a thread of its own, so a database that is down does not hold the
+    worker's boot back (:func:`~estafeta._clock.warn_if_moved`).
+    """
+
+    def __init__(self, runtime: Runtime, services: Sequence[str]) -> None:
+        self.runtime = runtime
+        self.services = list(services)
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        threading.Thread(
+            target=warn_if_moved, args=(self.runtime, self.services, "worker"), name="estafeta-clock-check", daemon=True
+        ).start()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.services!r})"
 
 
 class WorkerLogs(dramatiq.Middleware):

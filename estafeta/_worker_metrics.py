@@ -37,7 +37,7 @@ import attrs
 import dramatiq
 from psycopg import conninfo
 
-from brokers.metrics import OutboxCollector
+from brokers.metrics import ClockCollector, OutboxCollector
 from brokers.relay import Outbox
 from sql.pool import Database
 from sql.sagas import SagaTable
@@ -158,6 +158,7 @@ def _registry(settings: Settings, directory: Path) -> tuple[Any, list[Outbox]]:
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
     registry.register(OutboxCollector(outboxes))
+    registry.register(ClockCollector(outboxes))
     registry.register(TablesCollector(outboxes, kinds, settings.saga_stuck_after))
     return registry, outboxes
 

@@ -561,6 +561,15 @@ SELECT count(*) FILTER (WHERE flush_lsn >= %(target)s::pg_lsn),
 -- The schema's time, as every decision reads it (see migrations/_common/0007_clock.sql).
 SELECT {schema}.clock_now()
 
+-- ask_for_test_clock --
+-- This transaction moves the schema's clock: without it, the clock table's trigger refuses
+-- the write (migrations/_common/0012_clock_test_only.sql).
+SELECT set_config('estafeta.test_clock', 'on', true)
+
+-- read_clock --
+-- The clock table's row: none in production (clock_now() is PostgreSQL's now()).
+SELECT skew, stopped_at FROM {schema}.clock
+
 -- move_clock --
 -- Put the schema's time at %(at)s: a stopped clock stays there; a running one's skew becomes
 -- the distance from PostgreSQL's now(). Tests only (estafeta.testing); a production

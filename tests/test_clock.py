@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import psycopg.errors
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
 from actors import pingpong
-from brokers.relay import Relay
+from brokers.metrics import ClockCollector
+from brokers.relay import Outbox, Relay
 from estafeta import Clock, Runtime, running
+from estafeta._clock import warn_if_moved
 from sql import clock as sql_clock
 from sql import idempotency, inbox, queries
 from sql import outbox as store
@@ -87,26 +92,98 @@ def test_a_statement_prepared_before_the_clock_moves_reads_the_moved_clock(datab
         assert moved == now
 
 
-def test_a_role_that_may_only_write_the_clock_table_moves_the_clock(conn) -> None:
-    # The table's trigger replaces clock_now() as its owner, not as the role writing the table.
+@pytest.fixture
+def table_writer(conn) -> Iterator[str]:
+    """A role that may only use the schema and read and write its clock table (the usual DML grant)."""
     role = f"clock_writer_{uuid.uuid4().hex[:8]}"
     conn.execute(f"CREATE ROLE {role}")
     try:
         conn.execute(f"GRANT USAGE ON SCHEMA pingpong TO {role}")
         conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON pingpong.clock TO {role}")
-        with conn.transaction():
-            conn.execute(f"SET LOCAL ROLE {role}")
-            sql_clock.advance(conn, SCHEMA, timedelta(hours=1))
-        assert "Output: pingpong.clock_now()" in clock_plan(conn)
-        with conn.transaction():
-            conn.execute(f"SET LOCAL ROLE {role}")
-            sql_clock.reset(conn, SCHEMA)
-        assert "Output: now()" in clock_plan(conn)
+        yield role
     finally:
         conn.execute("DELETE FROM pingpong.clock")
         conn.execute(f"REVOKE ALL ON pingpong.clock FROM {role}")
         conn.execute(f"REVOKE ALL ON SCHEMA pingpong FROM {role}")
         conn.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "INSERT INTO pingpong.clock (skew) VALUES ('8 days')",
+        "INSERT INTO pingpong.clock (stopped_at) VALUES (now())",
+        "INSERT INTO pingpong.clock (skew) VALUES ('0') ON CONFLICT (only_row) DO UPDATE SET skew = '8 days'",
+    ],
+)
+def test_a_role_with_only_table_grants_cannot_move_the_clock(conn, table_writer: str, clock: Clock, write: str) -> None:
+    # Production's time is not a table any role with the usual DML grant can write.
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {table_writer}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=r"pingpong\.clock is a test's clock"):
+            conn.execute(write)
+    assert scalar(conn, "SELECT count(*) FROM pingpong.clock") == 0
+    assert scalar(conn, "SELECT pingpong.clock_now() = now()") is True
+    assert "Output: now()" in clock_plan(conn)
+    # A row a test left there cannot be changed either; emptying it (PostgreSQL's time back) can.
+    clock.advance(timedelta(hours=1))
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {table_writer}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE pingpong.clock SET skew = '8 days'")
+    assert scalar(conn, "SELECT pingpong.clock_now() - now()") == timedelta(hours=1)
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {table_writer}")
+        conn.execute("DELETE FROM pingpong.clock")
+    assert "Output: now()" in clock_plan(conn)
+
+
+def test_the_test_clock_moves_the_time_for_a_role_that_may_only_write_the_clock_table(conn, table_writer: str) -> None:
+    # The table's trigger replaces clock_now() as its owner, not as the role writing the table:
+    # a test's role that is not the schema's owner moves the clock by asking for it.
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {table_writer}")
+        sql_clock.advance(conn, SCHEMA, timedelta(hours=1))
+    assert "Output: pingpong.clock_now()" in clock_plan(conn)
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {table_writer}")
+        sql_clock.reset(conn, SCHEMA)
+    assert "Output: now()" in clock_plan(conn)
+    # Asking lasts for the transaction that asked: the pooled connection's next one has not.
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {table_writer}")
+        sql_clock.stop(conn, SCHEMA, datetime(2030, 1, 1, tzinfo=UTC))
+    with conn.transaction(), pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("UPDATE pingpong.clock SET skew = '8 days'")
+
+
+def gauge(collector: ClockCollector) -> dict[str, float]:
+    (family,) = collector.collect()
+    return {sample.labels["service"]: sample.value for sample in family.samples}
+
+
+def test_a_moved_clock_shows_in_its_gauge_and_in_a_warning_at_a_process_start(
+    runtime: Runtime, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    collector = ClockCollector([Outbox(SCHEMA, runtime.database(SCHEMA))])
+    assert gauge(collector) == {SCHEMA: 0}
+    with caplog.at_level(logging.WARNING):
+        assert warn_if_moved(runtime, [SCHEMA], "relay") == []
+    assert not caplog.records
+    clock.advance(timedelta(days=8))
+    assert gauge(collector) == {SCHEMA: 1}
+    with caplog.at_level(logging.WARNING):
+        assert warn_if_moved(runtime, [SCHEMA], "relay") == [SCHEMA]
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "estafeta relay: the clock of schema pingpong is moved (ahead of PostgreSQL's time by 8 days" in (
+        record.getMessage()
+    )
+    assert "DELETE FROM pingpong.clock" in record.getMessage()
+    clock.stop(datetime(2030, 1, 1, tzinfo=UTC))
+    assert gauge(collector) == {SCHEMA: 1}
+    clock.reset()
+    assert gauge(collector) == {SCHEMA: 0}
 
 
 def test_set_and_advance_move_the_schema_s_time(conn, clock: Clock) -> None:
