@@ -98,7 +98,7 @@ def cause_of(consumer: str, reason: str) -> Cause:
         return Cause(consumer, failed.group(1), normalise(failed.group(2)))
     if text.startswith("business failure: "):
         return Cause(consumer, "BusinessFailure", normalise(text.removeprefix("business failure: ")))
-    if "without finishing" in text:
+    if "without finishing" in text or text.startswith("killed its worker"):
         return Cause(consumer, "KilledItsWorker", normalise(text))
     return Cause(consumer, "InvalidMessage", normalise(text))
 

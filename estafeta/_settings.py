@@ -35,6 +35,7 @@ _INTEGERS: dict[str, tuple[str, float]] = {
     "MIN_BACKOFF_MS": ("min_backoff_ms", 1),
     "MAX_BACKOFF_MS": ("max_backoff_ms", 1),
     "MAX_DELIVERIES": ("max_deliveries", 1),
+    "MAX_WORKER_DEATHS": ("max_worker_deaths", 1),
     "LOCK_TIMEOUT_MS": ("lock_timeout_ms", 1),
     "LOCK_TTL_MS": ("lock_ttl_ms", 1),
     "POOL_SIZE": ("pool_size", 1),
@@ -122,8 +123,16 @@ class Settings:
     min_backoff_ms: int = 500
     #: The longest backoff between two retries of a step, in milliseconds.
     max_backoff_ms: int = 300_000
-    #: Deliveries of one message (retries and redeliveries after a killed worker) before it is parked.
+    #: Deliveries of one message (Dramatiq's retries of a step that raises, and redeliveries)
+    #: before it is parked.
     max_deliveries: int = 25
+    #: Deliveries of one message that died with their process (the worker SIGKILLed, killed
+    #: out of memory, crashed while the step ran) before the message is parked, with the
+    #: reason "killed its worker N times", instead of killing another worker. A delivery
+    #: is counted as started before its work; one that neither committed nor ended with an
+    #: error died with its process. On RabbitMQ a first delivery is not counted (nothing can
+    #: have died of it yet): the redelivery after a kill records that death.
+    max_worker_deaths: int = 3
     #: How long a step waits for its lock before giving up (and retrying later).
     lock_timeout_ms: int = 5_000
     #: Lease of a Redis lock; a holder past it is fenced off.

@@ -58,6 +58,9 @@ class Opened:
     relayed: bool = False
     #: The rows of ``begin``'s ``opening`` statement (dicts), if it was given one.
     opening: list[dict[str, Any]] | None = None
+    #: Deliveries of the message before this one that died with their process (started,
+    #: counted, and neither committed nor ended by an error: see ``count_attempt``).
+    deaths: int = 0
 
 
 @attrs.frozen
@@ -69,6 +72,9 @@ class Uncounted:
     #: Earlier deliveries not counted: Dramatiq's retries (each a copy first-delivered again),
     #: and a redelivery's own first delivery.
     before: int = 0
+    #: This is a redelivery of a copy whose first delivery went uncounted: that one ended
+    #: without an acknowledgement, with its process (its death is recorded at the first count).
+    redelivered: bool = False
 
 
 def begin(
@@ -106,6 +112,9 @@ def begin(
     hands it on marked redelivered, and that delivery is counted and reports one more: the
     first. ``uncounted.before`` is added to the count returned.
 
+    The delivery counted is marked unfinished; ``Opened.deaths`` says how many counted before
+    it never finished (died with their process: ``estafeta._worker_deaths``).
+
     ``alone`` is ``False`` for a delivery sharing its process with others: it is counted only
     if the count is below ``copies`` (the copies of the message Dramatiq sent: its retries
     + 1). Otherwise an earlier delivery died unfinished, of this message or of one beside
@@ -126,7 +135,14 @@ def begin(
         if uncounted.this_one:
             counted = None
         else:
-            params = inbox.attempt_params(consumer, message_id, lock_timeout_ms, alone=alone, copies=copies)
+            params = inbox.attempt_params(
+                consumer,
+                message_id,
+                lock_timeout_ms,
+                alone=alone,
+                copies=copies,
+                deaths_before=int(uncounted.redelivered),
+            )
             counted = conn.execute(query("count_attempt", schema), params)
             conn.execute("COMMIT")
             conn.execute("BEGIN")
@@ -151,14 +167,13 @@ def begin(
     rows = opened_rows(opened) if opened is not None else None
     if handed is not None and handed.rowcount != 1:
         return Opened(attempts=0, first=False, relayed=True)
-    if counted is None:
-        attempts = 1
-    else:
+    attempts, deaths = 1, 0
+    if counted is not None:
         row = counted.fetchone()
         if row is None:
             return Opened(attempts=0, first=recorded.rowcount == 1, suspect=True)
-        attempts = int(row[0])
-    return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1, opening=rows)
+        attempts, deaths = int(row[0]), int(row[1])
+    return Opened(attempts=attempts + uncounted.before, first=recorded.rowcount == 1, opening=rows, deaths=deaths)
 
 
 def run_opening(conn: psycopg.Connection[Any], opening: plan.Statement) -> psycopg.Cursor[dict[str, Any]]:

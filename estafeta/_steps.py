@@ -33,6 +33,7 @@ from . import _metrics as metrics
 from . import _observe as observe
 from . import _outbox as outbox
 from . import _step_tx as step_tx
+from . import _worker_deaths as worker_deaths
 from ._alone import DELIVERIES
 from ._errors import BusinessFailure, InvalidMessage, RoutingError
 from ._events import ConcurrencyConflict, EventMetadata, EventStore
@@ -315,6 +316,8 @@ def _deliver(
     except _Overdelivered as over:
         reason = f"delivered {over.attempts} times without finishing (does it kill its worker?)"
         return _park(spec, database, message_id, str(message_id), raw, reason)
+    except worker_deaths.KilledItsWorker as killer:
+        return _park(spec, database, message_id, str(message_id), raw, killer.reason)
     except Exception as exc:
         seen.error = exc
         if not _is_last_attempt(spec, runtime, message):
@@ -390,6 +393,7 @@ def _run(
     # waits for the lock. Either is released after the transaction has ended, whichever way.
     in_transaction_lock = spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
     with (
+        worker_deaths.ended_on_error(database, spec.service, spec.actor_name, message_id, uncounted=(_Suspect,)),
         contextlib.ExitStack() as after_transaction,
         runtime.step_connections(database) as conn,
         translate_errors(database.description),
@@ -406,6 +410,7 @@ def _run(
         if opened.suspect:
             raise _Suspect
         seen.attempt = opened.attempts
+        worker_deaths.check(opened.deaths, runtime.settings.max_worker_deaths)
         if opened.attempts > runtime.settings.max_deliveries:
             raise _Overdelivered(opened.attempts)
         if not opened.first:
@@ -550,7 +555,7 @@ def _uncounted(message: dramatiq.Message[Any]) -> step_tx.Uncounted:
     if not isinstance(redelivered, bool):
         return step_tx.Uncounted()
     retries = int(message.options.get("retries", 0))
-    return step_tx.Uncounted(this_one=not redelivered, before=retries + int(redelivered))
+    return step_tx.Uncounted(this_one=not redelivered, before=retries + int(redelivered), redelivered=redelivered)
 
 
 def _take_lock(

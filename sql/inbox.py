@@ -50,16 +50,38 @@ def count_attempt(
 
 
 def attempt_params(
-    consumer: str, message_id: uuid.UUID, lock_timeout_ms: int | None, *, alone: bool = True, copies: int = 1
+    consumer: str,
+    message_id: uuid.UUID,
+    lock_timeout_ms: int | None,
+    *,
+    alone: bool = True,
+    copies: int = 1,
+    deaths_before: int = 0,
 ) -> dict[str, Any]:
     """The parameters of ``count_attempt`` and ``record_inbox_and_lock`` (``None``: no lock timeout).
 
     ``alone``: count the delivery whatever the count holds; otherwise only while the count is
     below ``copies``, the copies of the message delivered so far (see ``count_attempt`` in
-    ``sql/queries.sql``).
+    ``sql/queries.sql``). ``deaths_before``: deliveries that died with their process
+    uncounted, recorded if this is the message's first count.
     """
     timeout = f"{lock_timeout_ms}ms" if lock_timeout_ms is not None else "0"
-    return {"consumer": consumer, "message_id": message_id, "lock_timeout": timeout, "alone": alone, "copies": copies}
+    return {
+        "consumer": consumer,
+        "message_id": message_id,
+        "lock_timeout": timeout,
+        "alone": alone,
+        "copies": copies,
+        "deaths_before": deaths_before,
+    }
+
+
+def end_attempt(conn: psycopg.Connection[Any], schema: str, consumer: str, message_id: uuid.UUID) -> None:
+    """Record that the counted delivery of ``message_id`` ended without committing: it did not die with its process.
+
+    Call it once the step's transaction has rolled back, in a transaction of its own.
+    """
+    conn.execute(query("end_attempt", schema), {"consumer": consumer, "message_id": message_id})
 
 
 def record_forgetting_attempts(

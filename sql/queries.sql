@@ -337,14 +337,32 @@ ON CONFLICT DO NOTHING
 -- is not counted and no row comes back: an earlier delivery died unfinished, and this one
 -- is a suspect, counted when it runs alone in its process (estafeta._steps._beside_or_alone), so that
 -- a message in flight beside the one that killed the process is not blamed for the kill.
-INSERT INTO {schema}.inbox_attempts (consumer, message_id)
-SELECT %(consumer)s, %(message_id)s
+-- The delivery counted is unfinished until it commits (the row is deleted) or its step
+-- raises (end_attempt): if the previous one still is, it died with its process, and deaths
+-- counts it. %(deaths_before)s: deaths no row recorded (1 for a RabbitMQ redelivery whose
+-- first delivery went uncounted: it ended without an acknowledgement).
+INSERT INTO {schema}.inbox_attempts (consumer, message_id, unfinished, deaths)
+SELECT %(consumer)s, %(message_id)s, true, %(deaths_before)s::int
 FROM (SELECT set_config('synchronous_commit', 'off', true),
              set_config('lock_timeout', %(lock_timeout)s, true)) AS asynchronous_commit
 ON CONFLICT (consumer, message_id)
-    DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = {schema}.clock_now()
+    DO UPDATE SET attempts = inbox_attempts.attempts + 1, last_attempt_at = {schema}.clock_now(),
+                  deaths = inbox_attempts.deaths + inbox_attempts.unfinished::int, unfinished = true
     WHERE %(alone)s::boolean OR inbox_attempts.attempts < %(copies)s::int
-RETURNING attempts
+RETURNING attempts, deaths
+
+-- end_attempt --
+-- The counted delivery of a message ended without committing (its step raised and its
+-- transaction rolled back): it did not die with its process. Committed asynchronously, as
+-- the count is: losing it in a database crash counts one death too many. A row another
+-- delivery's transaction holds is skipped, never waited for: that delivery is in flight
+-- (this one gave up waiting for it, counting nothing) and ends its own count.
+UPDATE {schema}.inbox_attempts SET unfinished = false
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS asynchronous_commit
+WHERE (consumer, message_id) IN (
+    SELECT consumer, message_id FROM {schema}.inbox_attempts
+    WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+    FOR UPDATE SKIP LOCKED)
 
 -- record_inbox_forgetting_attempts --
 -- The step's inbox record, and its delivery count dropped in the same statement: both
