@@ -126,12 +126,27 @@ class Cron:
         raise AssertionError("unreachable: a cron iterator never ends")
 
     def latest_through(self, when: datetime) -> datetime:
-        if self.next_after(when - timedelta(seconds=1)) == when:
-            return when
-        for candidate in CronSim(self.expression, when.astimezone(ZoneInfo(self.tz)), reverse=True):
-            if candidate.astimezone(UTC) <= when:
-                return candidate.astimezone(UTC)
+        # cronsim's reverse iterator reads the hour repeated when the clocks go back as one
+        # hour, so its candidate there can be a tick of the day before, or a second 02:30 that
+        # a fixed hour never fires. A candidate only says where to look: the ticks are those
+        # next_after steps through, walked forward from a time before any repeated hour.
+        zone = ZoneInfo(self.tz)
+        for candidate in CronSim(self.expression, when.astimezone(zone), reverse=True):
+            start = _outside_repeated_hours(candidate.astimezone(UTC) - timedelta(seconds=1), zone)
+            tick = self.next_after(start)
+            if tick > when:
+                continue
+            while (following := self.next_after(tick)) <= when:
+                tick = following
+            return tick
         raise AssertionError("unreachable: a cron iterator never ends")
+
+
+def _outside_repeated_hours(when: datetime, zone: ZoneInfo) -> datetime:
+    """``when``, or an hour before it until its wall time in ``zone`` happens once only."""
+    while (local := when.astimezone(zone)).replace(fold=1 - local.fold).utcoffset() != local.utcoffset():
+        when -= timedelta(hours=1)
+    return when
 
 
 class Schedule:
