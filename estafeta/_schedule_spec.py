@@ -24,6 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
+from sql.errors import EstafetaError
+
 if TYPE_CHECKING:
     from ._app import Service
 
@@ -216,3 +218,7 @@ def timing_of(cron: str | None, every: timedelta | None, tz: str) -> Timing:
         return Every(every)
     assert cron is not None
     return Cron(cron, tz)
+
+
+class DeclaredOtherwise(EstafetaError):
+    """A schedule's stored row runs another declaration than this code's (an operator's checkout that differs)."""

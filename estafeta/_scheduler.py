@@ -5,10 +5,13 @@ pass about once a second (:class:`SchedulerMiddleware`), and ``estafeta.testing`
 virtual clock runs one after each move. A pass fires each due schedule in one
 transaction of its service's database:
 
+0. write down, committed on its own, the tick it begins to fire (so that a pass that
+   finds it there later knows a firing began and never committed);
 1. lock the schedule's row if its ``next_fire_at`` has come (``FOR UPDATE SKIP LOCKED``:
    another process firing it is skipped, never waited for);
 2. choose the ticks to fire by the catch-up policy, and drop those the overlap policy
-   skips;
+   skips (the previous run's fate was read before the lock: no lock waits on a second
+   database);
 3. write each tick's command to the service's outbox, with a message id derived from
    the schedule and the tick;
 4. move ``next_fire_at`` past the ticks handled and record the outcome on the row.
@@ -17,19 +20,23 @@ The commit makes all of it or none of it: a process killed before the commit fir
 nothing (the next pass, in any process, fires the tick), and after the commit the tick
 is no longer due anywhere. The relay publishes the command like any other outbox row;
 the receiving step's inbox absorbs a re-publish. A schedule whose function raises is
-recorded on its row and tried again next pass; the other schedules go on.
+recorded on its row and tried again next pass; the other schedules go on. An unreachable
+database holds back only the schedules that need it (:mod:`estafeta._schedule_holds`):
+those of its services, and those whose overlap policy must ask it about their previous
+run; their due ticks go by their catch-up policy once it is back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -40,20 +47,30 @@ from sql import clock
 from sql import schedule_store as store
 from sql.errors import DatabaseError, DatabaseUnavailable
 
-from . import _outbox as outbox
-from ._errors import RoutingError
 from ._middleware import WorkerThread
 from ._runtime import Runtime
-from ._schedule_spec import CatchUp, Overlap, Schedule
+from ._schedule_holds import HeldBack
+from ._schedule_plan import plan, send_tick
+from ._schedule_runs import HANDLER_WAIT, UNFINISHED, RunUnknown, ScheduleState, run_status
+from ._schedule_spec import DeclaredOtherwise, Overlap, Schedule
 
 logger = logging.getLogger(__name__)
 
-#: At most this many missed ticks are fired by one transaction (catch-up ``all``); the rest next pass.
-MAX_TICKS_PER_FIRING = 100
 #: Seconds between a worker's registrations of its schedules (see :meth:`Scheduler.run`).
 REGISTER_AGAIN_SECONDS = 60.0
-#: Missed ticks counted one by one under ``last`` and ``none``; past it, the count says "at least".
-MAX_TICKS_COUNTED = 10_000
+#: A schedule that the registering workers did not declare for this long (removed from the
+#: code), declared again, starts from its first tick after now, as after a pause. A shorter
+#: absence (old and new workers of a rolling deploy taking turns) is caught up as a downtime.
+LONG_ABSENCE = timedelta(minutes=10)
+
+
+@attrs.frozen
+class _Previous:
+    """The previous run of an ``overlap="skip"`` schedule, as read before its firing."""
+
+    message_id: uuid.UUID | None
+    #: Its status if it is unfinished (the ticks are skipped), else ``None``.
+    unfinished: str | None
 
 
 class Scheduler:
@@ -63,7 +80,12 @@ class Scheduler:
         self.runtime = runtime
         #: The schedules fired, by ``service.name``.
         self.schedules = {s.full_name: s for s in schedules}
-        self._registered = False
+        #: The databases and services a failure holds back, each for a pause of its own.
+        self.held = HeldBack()
+        self._registered: set[str] = set()
+        # Schedules that could not fire in the last pass (an error, a database held back):
+        # tried again next pass, left out of the time to the next tick meanwhile.
+        self._stalled: set[str] = set()
 
     def by_service(self) -> dict[str, list[Schedule]]:
         """The schedules grouped by the service that owns them."""
@@ -75,42 +97,80 @@ class Scheduler:
     def register(self, *, restart: bool = False) -> None:
         """Give every schedule its row (first tick after now), or restart one whose declaration changed.
 
-        ``restart`` restarts every schedule at its first tick after now (a test's clock jumped).
+        A schedule the service's code no longer declares is marked absent, and one declared
+        again after :data:`LONG_ABSENCE` restarts. ``restart`` restarts every schedule at its
+        first tick after now (a test's clock jumped). A service whose database is unreachable
+        is registered by a later pass; the others are registered now.
         """
         for service, schedules in self.by_service().items():
-            with self.runtime.database(service).transaction() as conn:
-                now = clock.now(conn, service)
-                for schedule in schedules:
-                    next_tick = schedule.timing.next_after(now)
-                    store.register(conn, service, schedule.name, schedule.spec, next_tick, restart=restart)
-        self._registered = True
+            self._serve(service, functools.partial(self._register, service, schedules, restart=restart))
+
+    def _register(self, service: str, schedules: list[Schedule], *, restart: bool = False) -> None:
+        declared = sorted({s.name for s in schedules} | {s.name for s in schedules[0].service.schedules})
+        with self._connection(service) as conn, conn.transaction():
+            now = clock.now(conn, service)
+            store.mark_absent(conn, service, declared)
+            for schedule in schedules:
+                next_tick = schedule.timing.next_after(now)
+                store.register(
+                    conn, service, schedule.name, schedule.spec, next_tick, absence=LONG_ABSENCE, restart=restart
+                )
+        self._registered.add(service)
 
     @property
     def registered(self) -> bool:
-        """Whether this scheduler has registered its schedules' rows."""
-        return self._registered
+        """Whether this scheduler has registered the rows of every service's schedules."""
+        return self._registered >= set(self.by_service())
 
     def fire_due(self) -> Counter[str]:
         """Fire every due schedule; return the outcomes counted (``fired``, ``skipped``, ``missed``, ``error``).
 
-        Raises :class:`DatabaseUnavailable` after the other services had their turn when
-        one service's database is unreachable.
+        A schedule held back by an unreachable database is not counted: it stays due, and
+        the other services' schedules fire.
         """
-        if not self._registered:
-            self.register()
         done: Counter[str] = Counter()
-        outage: DatabaseUnavailable | None = None
+        self._stalled = set()
         for service, schedules in self.by_service().items():
-            try:
-                with self.runtime.database(service).connection() as conn:
-                    due = store.due(conn, service, [s.name for s in schedules])
-                for name in due:
-                    done.update(self._fire_isolated(self.schedules[f"{service}.{name}"]))
-            except DatabaseUnavailable as exc:
-                outage = outage or exc
-        if outage is not None:
-            raise outage
+            self._serve(service, functools.partial(self._fire_service, service, schedules, done))
         return done
+
+    def _fire_service(self, service: str, schedules: list[Schedule], done: Counter[str]) -> None:
+        if service not in self._registered:
+            self._register(service, schedules)
+        with self._connection(service) as conn:
+            due = store.due(conn, service, [s.name for s in schedules])
+        for name in due:
+            done.update(self._fire_isolated(self.schedules[f"{service}.{name}"]))
+
+    def _serve(self, service: str, action: Callable[[], None]) -> None:
+        """Run ``action`` on ``service``'s database unless a failure holds it back; never raises a database error.
+
+        An outage holds back the database (every service on it), another database error
+        (the schedules table not migrated yet) the service, for a pause that grows while
+        it lasts; the caller goes on with the other services.
+        """
+        database = self.runtime.database(service)
+        if self.held.holds(database.dsn) or self.held.holds(service):
+            self._stalled.update(s.full_name for s in self.by_service()[service])
+            return
+        try:
+            action()
+        except DatabaseUnavailable as exc:
+            self.held.failed(database.dsn, f"database {database.description}", exc)
+        except DatabaseError as exc:
+            not_migrated = isinstance(exc.__cause__, psycopg.errors.UndefinedTable)
+            why = "the schedules table is not migrated yet (estafeta migrate)" if not_migrated else exc
+            self.held.failed(service, f"service {service}", why)
+        else:
+            self.held.recovered(database.dsn, f"database {database.description}")
+            self.held.recovered(service, f"service {service}")
+
+    @contextlib.contextmanager
+    def _connection(self, service: str) -> Iterator[psycopg.Connection[Any]]:
+        """A connection to ``service``'s database, waiting briefly for one if it was unreachable last time."""
+        database = self.runtime.database(service)
+        with database.connection(timeout=self.held.wait(database.dsn)) as conn:
+            yield conn
 
     def _fire_isolated(self, schedule: Schedule) -> Counter[str]:
         try:
@@ -121,18 +181,36 @@ class Scheduler:
             # This schedule's own failure (its function raised, its command has no step):
             # recorded on its row for an operator, tried again next pass; the others go on.
             logger.exception("schedule %s cannot fire", schedule.full_name)
+            self._stalled.add(schedule.full_name)
             self._record_error(schedule, f"error: {type(exc).__name__}: {exc}")
             return Counter(error=1)
 
     def fire(self, schedule: Schedule) -> Counter[str]:
-        """Fire ``schedule``'s due ticks in one transaction; an empty count if none is due or another process has it."""
+        """Fire ``schedule``'s due ticks in one transaction; an empty count if none is due or another process has it.
+
+        Also empty while the previous run's fate, which its overlap policy asks, is in an
+        unreachable database: the ticks wait, and go by the catch-up policy once it is back.
+        """
         service = schedule.service.name
+        try:
+            previous = self._previous_run(schedule)
+        except RunUnknown as exc:
+            logger.debug("schedule %s waits: %s", schedule.full_name, exc)
+            self._stalled.add(schedule.full_name)
+            return Counter()
+        with self._connection(service) as conn:
+            attempt = store.begin_attempt(conn, service, schedule.name, schedule.spec)
+        if attempt is None:
+            return Counter()
         with self.runtime.database(service).transaction() as conn:
             row = store.claim_due(conn, service, schedule.name)
             if row is None or row.spec != schedule.spec:
                 # Not due, fired by another process now, or declared otherwise by a newer deploy.
                 return Counter()
-            firing = self._plan(conn, schedule, row)
+            if previous is not None and previous.message_id != row.last_message_id:
+                return Counter()  # fired since its previous run was asked about: asked again next pass
+            unfinished = previous.unfinished if previous is not None else None
+            firing = plan(conn, schedule, row, unfinished=unfinished, interrupted=attempt.interrupted)
             store.record(conn, service, schedule.name, firing)
         if firing.fired:
             logger.info("schedule %s fired %s", schedule.full_name, firing.outcome)
@@ -140,43 +218,27 @@ class Scheduler:
             {k: v for k, v in (("fired", firing.fired), ("skipped", firing.skipped), ("missed", firing.missed)) if v}
         )
 
-    def _plan(self, conn: psycopg.Connection[Any], schedule: Schedule, row: store.ScheduleRow) -> store.Firing:
-        ticks, missed, more, next_fire_at = _choose_ticks(schedule, row)
-        # The overlap policy's question, asked once: the runs fired below are unfinished by definition.
-        previous = run_status(self.runtime, conn, schedule.service.name, row) if ticks else None
-        unfinished = schedule.overlap is Overlap.SKIP and previous in UNFINISHED
-        fired = skipped = 0
-        last: tuple[datetime, uuid.UUID, str] | None = None
-        for tick in ticks:
-            if unfinished:
-                skipped += 1
-                continue
-            sent = _send_tick(conn, schedule, tick, schedule.tick_message_id(tick))
-            if sent is not None:
-                fired += 1
-                last = (tick, *sent)
-                unfinished, previous = schedule.overlap is Overlap.SKIP, "fired in the same pass"
-        outcome = _describe(fired, skipped, missed, more, last[0] if last else None, previous)
-        return store.Firing(
-            next_fire_at=next_fire_at,
-            outcome=outcome,
-            fired=fired,
-            skipped=skipped,
-            missed=missed,
-            last_tick=last[0] if last else None,
-            last_message_id=last[1] if last else None,
-            last_actor=last[2] if last else None,
-        )
+    def _previous_run(self, schedule: Schedule) -> _Previous | None:
+        """For ``overlap="skip"``: the previous run, read before the row is locked (``None``: not asked)."""
+        if schedule.overlap is not Overlap.SKIP:
+            return None
+        service = schedule.service.name
+        with self._connection(service) as conn:
+            row = store.get(conn, service, schedule.name)
+            if row is None:
+                return _Previous(None, None)
+            status = run_status(self.runtime, conn, service, row, self.held)
+        return _Previous(row.last_message_id, status if status in UNFINISHED else None)
 
     def trigger(self, schedule: Schedule) -> uuid.UUID | None:
         """Fire ``schedule`` once now, outside its ticks (an operator's ``trigger``); return the message id.
 
-        ``None`` if its function sent nothing.
-
-        Its next tick stays where it was; overlap is not checked (the operator asked).
+        ``None`` if its function sent nothing. Its next tick stays where it was; overlap is
+        not checked (the operator asked). Raises :class:`DeclaredOtherwise` if its row runs
+        another declaration.
         """
         with self._locked(schedule) as (conn, row):
-            sent = _send_tick(conn, schedule, row.now, uuid.uuid4())
+            sent = send_tick(conn, schedule, row.now, uuid.uuid4())
             firing = store.Firing(
                 next_fire_at=row.next_fire_at,
                 outcome="triggered by an operator" if sent else "triggered by an operator: nothing to send",
@@ -185,31 +247,45 @@ class Scheduler:
                 last_message_id=sent[0] if sent else None,
                 last_actor=sent[1] if sent else None,
             )
-            store.record(conn, schedule.service.name, schedule.name, firing)
+            store.record(conn, schedule.service.name, schedule.name, firing, keep_attempt=True)
         return sent[0] if sent else None
 
-    def set_paused(self, schedule: Schedule, *, paused: bool) -> None:
-        """Pause ``schedule`` (no tick fires), or resume it from its first tick after now.
+    def set_paused(self, schedule: Schedule, *, paused: bool) -> bool:
+        """Pause ``schedule`` (no tick fires), or resume it from its first tick after now; whether it changed.
 
         Ticks that fell while it was paused are not caught up: a pause is an operator's
-        decision that they should not fire.
+        decision that they should not fire. Pausing a paused schedule or resuming one that
+        is not paused changes nothing (``False``): a due tick still fires. Raises
+        :class:`DeclaredOtherwise` if its row runs another declaration.
         """
         with self._locked(schedule) as (conn, row):
+            if row.paused == paused:
+                return False
             resume_at = None if paused else schedule.timing.next_after(row.now)
             outcome = "paused by an operator" if paused else "resumed by an operator"
             store.set_paused(
                 conn, schedule.service.name, schedule.name, paused=paused, outcome=outcome, next_fire_at=resume_at
             )
+        return True
 
     @contextlib.contextmanager
     def _locked(self, schedule: Schedule) -> Iterator[tuple[psycopg.Connection[Any], store.ScheduleRow]]:
-        """``schedule``'s row, locked in a transaction of its service's database (registered first if need be)."""
-        if not self._registered:
-            self.register()
+        """``schedule``'s row, locked in a transaction of its service's database (created if it has none).
+
+        An existing row is never re-declared: one that runs another spec than this code's
+        raises :class:`DeclaredOtherwise` (an operator's checkout must not rewrite it).
+        """
         service = schedule.service.name
         with self.runtime.database(service).transaction() as conn:
+            first_tick = schedule.timing.next_after(clock.now(conn, service))
+            store.create(conn, service, schedule.name, schedule.spec, first_tick)
             row = store.lock(conn, service, schedule.name)
-            assert row is not None, "registered just before"
+            assert row is not None, "created just before"
+            if row.spec != schedule.spec:
+                raise DeclaredOtherwise(
+                    f"schedule {schedule.full_name} runs as {row.spec!r} but this checkout declares"
+                    f" {schedule.spec!r}: run the command from the deployed code"
+                )
             yield conn, row
 
     def _record_error(self, schedule: Schedule, error: str) -> None:
@@ -225,29 +301,54 @@ class Scheduler:
             logger.exception("schedule %s: cannot record its error", schedule.full_name)
 
     def states(self) -> list[ScheduleState]:
-        """What an operator sees of each schedule (read only: a schedule no process registered has no row)."""
+        """What an operator sees of each schedule (read only: a schedule no process registered has no row).
+
+        A service whose database is unreachable shows its schedules as such, and a last run
+        whose step's database is unreachable as ``unknown``; the others are read.
+        """
+        held = HeldBack(report=False)  # one wait per unreachable database, not one per schedule
         found: list[ScheduleState] = []
         for service, schedules in self.by_service().items():
-            with self.runtime.database(service).connection() as conn:
-                rows = {r.name: r for r in store.list_all(conn, service)}
-                for schedule in schedules:
-                    row = rows.get(schedule.name)
-                    last_run = None if row is None else run_status(self.runtime, conn, service, row)
-                    found.append(ScheduleState(schedule, row, last_run))
+            try:
+                with self.runtime.database(service).connection(timeout=HANDLER_WAIT) as conn:
+                    rows = {r.name: r for r in store.list_all(conn, service)}
+                    found += [self._state(conn, s, rows.get(s.name), held) for s in schedules]
+            except DatabaseUnavailable as exc:
+                found += [ScheduleState(s, None, None, unreachable=str(exc)) for s in schedules]
         return found
 
+    def _state(
+        self, conn: psycopg.Connection[Any], schedule: Schedule, row: store.ScheduleRow | None, held: HeldBack
+    ) -> ScheduleState:
+        try:
+            last_run = None if row is None else run_status(self.runtime, conn, schedule.service.name, row, held)
+        except RunUnknown as exc:
+            last_run = f"unknown: {exc}"
+        return ScheduleState(schedule, row, last_run)
+
     def seconds_to_next(self) -> float | None:
-        """Seconds until the next tick of any schedule (``None``: none runs)."""
+        """Seconds until the next tick of any schedule that can fire (``None``: none runs).
+
+        Schedules held back by an unreachable database, or whose last pass failed, are left out.
+        """
         found: list[float] = []
         for service, schedules in self.by_service().items():
-            with self.runtime.database(service).connection() as conn:
-                seconds = store.seconds_to_next(conn, service, [s.name for s in schedules])
-            if seconds is not None:
-                found.append(seconds)
+            names = [s.name for s in schedules if s.full_name not in self._stalled]
+            if names:
+                self._serve(service, functools.partial(self._seconds_to_next, service, names, found))
         return min(found, default=None)
 
+    def _seconds_to_next(self, service: str, names: list[str], found: list[float]) -> None:
+        with self._connection(service) as conn:
+            seconds = store.seconds_to_next(conn, service, names)
+        if seconds is not None:
+            found.append(seconds)
+
     def run(self, stop: threading.Event, interval: float = 1.0) -> None:
-        """Fire due ticks until ``stop`` is set, waking at the next tick (at least every ``interval`` s); never dies."""
+        """Fire due ticks until ``stop`` is set, waking at the next tick (at least every ``interval`` s); never dies.
+
+        A failure of one database or service holds back only its schedules (:class:`HeldBack`).
+        """
         pause = interval
         registered_at = time.monotonic()
         while not stop.is_set():
@@ -262,131 +363,12 @@ class Scheduler:
                 upcoming = self.seconds_to_next()
                 wait = interval if upcoming is None else min(max(upcoming, 0.01), interval)
                 pause = interval
-            except DatabaseError as exc:
-                pause = wait = min(max(pause * 2, interval), 30.0)
-                if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
-                    logger.info("scheduler idle: the schedules tables are not migrated yet (estafeta migrate)")
-                else:
-                    logger.warning("scheduler paused %.1fs: %s", wait, exc)
             except Exception:
+                # Neither one schedule's error (recorded on its row) nor a database's outage
+                # (held back by database): still, never die.
                 pause = wait = min(max(pause * 2, interval), 30.0)
                 logger.exception("scheduler paused %.1fs by an unexpected error", wait)
             stop.wait(wait)
-
-
-@attrs.frozen
-class ScheduleState:
-    """A schedule as an operator sees it: its declaration, its row, and what became of its last run."""
-
-    schedule: Schedule
-    #: ``None`` until a worker process (or an operator's command) registered it.
-    row: store.ScheduleRow | None
-    #: :func:`run_status` of the last firing's message.
-    last_run: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (``str`` for times and ids): what ``estafeta schedules list --json`` prints."""
-        row, schedule = self.row, self.schedule
-        return {
-            "name": schedule.full_name,
-            "spec": schedule.spec,
-            "overlap": schedule.overlap.value,
-            "catch_up": schedule.catch_up.value,
-            "registered": row is not None,
-            "paused": bool(row and row.paused),
-            "next_fire_at": None if row is None or row.paused else row.next_fire_at,
-            "last_tick": row and row.last_tick,
-            "last_fired_at": row and row.last_fired_at,
-            "last_message_id": row and row.last_message_id,
-            "last_run": self.last_run,
-            "last_outcome": row and row.last_outcome,
-            "last_outcome_at": row and row.last_outcome_at,
-            "fired": row.fired if row else 0,
-            "skipped": row.skipped if row else 0,
-            "missed": row.missed if row else 0,
-        }
-
-
-#: What :func:`run_status` says of a run that is not finished.
-UNFINISHED = frozenset({"waiting to be published", "publish failed", "published, not processed yet"})
-
-
-def run_status(runtime: Runtime, conn: psycopg.Connection[Any], service: str, row: store.ScheduleRow) -> str | None:
-    """What became of the message the last firing sent: ``None`` if none was sent.
-
-    ``waiting to be published`` or ``publish failed`` while it is in the outbox,
-    ``processed`` once its step committed, ``dead-lettered`` once parked, else
-    ``published, not processed yet``. A run older than the inbox's retention counts as
-    ``forgotten`` (finished): its inbox record may be pruned. ``conn`` is on ``service``'s database.
-    """
-    if row.last_message_id is None or row.last_actor is None or row.last_fired_at is None:
-        return None
-    if row.last_fired_at < row.now - runtime.settings.inbox_retention:
-        return "forgotten"
-    status = store.outbox_status(conn, service, row.last_message_id)
-    if status is not None:
-        return "publish failed" if status == "failed" else "waiting to be published"
-    handler = row.last_actor.split(".", 1)[0]
-    database = runtime.database(handler)
-    if database is runtime.database(service):
-        handled = store.handled(conn, handler, row.last_actor, row.last_message_id)
-    else:
-        with database.connection() as other:
-            handled = store.handled(other, handler, row.last_actor, row.last_message_id)
-    return handled or "published, not processed yet"
-
-
-def _choose_ticks(schedule: Schedule, row: store.ScheduleRow) -> tuple[list[datetime], int, bool, datetime]:
-    """The due ticks the catch-up policy fires, how many it misses, whether more remain, and the next tick.
-
-    ``ALL`` fires up to a batch (the rest next pass). ``LAST`` and ``NONE`` count the due
-    ticks forward from ``next_fire_at`` (up to :data:`MAX_TICKS_COUNTED`; the latest is
-    then found backwards), so the tick fired is never one before ``next_fire_at``.
-    """
-    if schedule.catch_up is CatchUp.ALL:
-        ticks, more = schedule.due_ticks(row.next_fire_at, row.now, MAX_TICKS_PER_FIRING)
-        return ticks, 0, more, schedule.timing.next_after(ticks[-1])
-    counted, beyond = schedule.due_ticks(row.next_fire_at, row.now, MAX_TICKS_COUNTED)
-    latest = max(schedule.timing.latest_through(row.now), counted[-1]) if beyond else counted[-1]
-    fired = [] if schedule.catch_up is CatchUp.NONE and row.now - latest > schedule.grace else [latest]
-    missed = len(counted) - (1 if fired and latest == counted[-1] else 0)
-    return fired, missed, beyond, schedule.timing.next_after(row.now)
-
-
-def _send_tick(
-    conn: psycopg.Connection[Any], schedule: Schedule, tick: datetime, message_id: uuid.UUID
-) -> tuple[uuid.UUID, str] | None:
-    """Write the command for ``tick`` to the outbox in ``conn``'s transaction; return (its id, its step).
-
-    ``None`` if the schedule's function sends nothing for this tick.
-    """
-    command = schedule(tick)
-    if command is None:
-        return None
-    service = schedule.service
-    handlers = service.router.handlers(type(command))
-    if len(handlers) != 1:
-        names = ", ".join(h.actor_name for h in handlers) or "none"
-        raise RoutingError(
-            f"schedule {schedule.full_name} sends {type(command).__name__},"
-            f" which needs exactly one step handling it (found: {names})"
-        )
-    options = {"estafeta_schedule": schedule.full_name, "estafeta_tick": tick.isoformat()}
-    outbox.send(conn, command, service=service.name, router=service.router, message_id=message_id, options=options)
-    return message_id, handlers[0].actor_name
-
-
-def _describe(
-    fired: int, skipped: int, missed: int, more: bool, last_tick: datetime | None, previous: str | None
-) -> str:
-    parts = []
-    if fired:
-        parts.append(f"fired {fired} tick{'s' if fired > 1 else ''} (last {last_tick:%Y-%m-%d %H:%M:%S %Z})")
-    if skipped:
-        parts.append(f"skipped {skipped}: the previous run is unfinished ({previous})")
-    if missed:
-        parts.append(f"missed {missed}{'+' if more else ''} by the catch-up policy")
-    return "; ".join(parts) or "nothing to send"
 
 
 class SchedulerMiddleware(WorkerThread):

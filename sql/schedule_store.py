@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -45,6 +45,10 @@ class ScheduleRow:
     skipped: int
     missed: int
     created_at: datetime
+    #: The tick a pass began to fire and has not committed (``None``: no firing under way or left unfinished).
+    attempted_tick: datetime | None
+    #: Since when the registering workers no longer declare it (``None``: declared).
+    absent_since: datetime | None
     #: The schema's clock when the row was read.
     now: datetime
 
@@ -59,11 +63,58 @@ def _q(name: str, schema: str) -> Any:
 
 
 def register(
-    conn: psycopg.Connection[Any], schema: str, name: str, spec: str, next_fire_at: datetime, *, restart: bool = False
+    conn: psycopg.Connection[Any],
+    schema: str,
+    name: str,
+    spec: str,
+    next_fire_at: datetime,
+    *,
+    absence: timedelta,
+    restart: bool = False,
 ) -> None:
-    """Create ``name``'s row at ``next_fire_at``, or restart it there if its ``spec`` changed (or ``restart``)."""
-    params = {"name": name, "spec": spec, "next_fire_at": next_fire_at}
+    """Create ``name``'s row at ``next_fire_at``, or restart it there.
+
+    Restarted if its ``spec`` changed, if it was absent for longer than ``absence``, or if
+    ``restart``; a shorter absence is forgotten.
+    """
+    params = {"name": name, "spec": spec, "next_fire_at": next_fire_at, "absence": absence}
     conn.execute(_q("restart_schedule" if restart else "register_schedule", schema), params)
+
+
+def create(conn: psycopg.Connection[Any], schema: str, name: str, spec: str, next_fire_at: datetime) -> None:
+    """Create ``name``'s row at ``next_fire_at`` if it has none; an existing row is left as it is."""
+    conn.execute(_q("create_schedule", schema), {"name": name, "spec": spec, "next_fire_at": next_fire_at})
+
+
+def mark_absent(conn: psycopg.Connection[Any], schema: str, declared: Sequence[str]) -> None:
+    """Say since now that the rows of ``schema`` not in ``declared`` are absent (unless already said)."""
+    conn.execute(_q("mark_absent_schedules", schema), {"declared": list(declared)})
+
+
+def get(conn: psycopg.Connection[Any], schema: str, name: str) -> ScheduleRow | None:
+    """``name``'s row as it is now, unlocked; ``None`` if it has none."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(_q("get_schedule", schema), {"name": name}).fetchone()
+    return None if row is None else ScheduleRow.from_row(row)
+
+
+@attrs.frozen
+class Attempt:
+    """A pass's firing of a due schedule, begun (:func:`begin_attempt`)."""
+
+    #: The tick an earlier pass began to fire and never committed (``None``: none).
+    interrupted: datetime | None
+
+
+def begin_attempt(conn: psycopg.Connection[Any], schema: str, name: str, spec: str) -> Attempt | None:
+    """Write down, committed on its own, that a pass begins to fire ``name``'s due tick.
+
+    ``None`` if it is not due, paused, declared otherwise than ``spec``, or being fired by
+    another transaction. ``conn`` must be in autocommit mode: the mark must outlive a firing
+    transaction that never commits.
+    """
+    row = conn.execute(_q("begin_attempt", schema), {"name": name, "spec": spec}).fetchone()
+    return None if row is None else Attempt(interrupted=row[0])
 
 
 def due(conn: psycopg.Connection[Any], schema: str, names: Sequence[str]) -> list[str]:
@@ -112,9 +163,14 @@ class Firing:
     last_actor: str | None = None
 
 
-def record(conn: psycopg.Connection[Any], schema: str, name: str, firing: Firing) -> None:
-    """Write ``firing`` on ``name``'s row, in the firing's transaction."""
-    conn.execute(_q("record_firing", schema), {"name": name, **attrs.asdict(firing)})
+def record(
+    conn: psycopg.Connection[Any], schema: str, name: str, firing: Firing, *, keep_attempt: bool = False
+) -> None:
+    """Write ``firing`` on ``name``'s row, in the firing's transaction.
+
+    It clears the tick a pass began to fire (:func:`begin_attempt`) unless ``keep_attempt``.
+    """
+    conn.execute(_q("record_firing", schema), {"name": name, "keep_attempt": keep_attempt, **attrs.asdict(firing)})
 
 
 def set_paused(
