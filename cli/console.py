@@ -19,6 +19,8 @@ With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actio
 console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,
 no script and no session to sign, and the form token is handed only to who gave it. Basic
 auth sends the password with each request: serve the console over TLS or on loopback only.
+Wrong passwords are slowed, then locked out, per client (:mod:`cli.console_guard`), and an
+action's notice is shown only with this process's signature.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import binascii
 import hmac
 import json
 import logging
+import math
 import secrets
 import urllib.parse
 import uuid
@@ -40,9 +43,19 @@ from markupsafe import Markup
 
 from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta._dead_letters import ReplayOutcome, replay
+from estafeta._settings import CONSOLE_PASSWORD_MIN_LENGTH
 from sql import outbox
 
-from . import console_charts, console_data, console_lists, console_models, console_schedules, saga_diagram, saga_labels
+from . import (
+    console_charts,
+    console_data,
+    console_guard,
+    console_lists,
+    console_models,
+    console_schedules,
+    saga_diagram,
+    saga_labels,
+)
 
 logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), and no script but
@@ -92,10 +105,16 @@ class Console:
     def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False, password: str | None = None) -> None:
         if allow_actions and not password:
             raise ValueError("the console's actions need an operator password (ESTAFETA_CONSOLE_PASSWORD)")
+        if password is not None and len(password) < CONSOLE_PASSWORD_MIN_LENGTH:
+            raise ValueError(f"the console's password needs at least {CONSOLE_PASSWORD_MIN_LENGTH} characters")
         self.app = app
         self.runtime = runtime
         self.allow_actions = allow_actions
         self._password = password
+        #: Wrong passwords per client: slowed, then locked out.
+        self.sign_ins = console_guard.SignIns()
+        #: Notices are shown only with this process's signature (a link cannot write one).
+        self.notices = console_guard.Notices()
         # Forms carry it; a POST without it is refused (cross-site request forgery).
         self.token = secrets.token_urlsafe(32)
         self.pages = jinja2.Environment(
@@ -129,8 +148,17 @@ class Console:
             self.router.add_api_route("/sagas/{saga_id}/abort", self.abort_saga, methods=["POST"])
 
     def _operator(self, request: Request) -> str:
-        """The operator's user name, once the request carries the password (HTTP Basic auth); else 401."""
+        """The operator's user name, once the request carries the password (HTTP Basic auth); else 401.
+
+        A client that keeps sending wrong passwords is slowed, then locked out (429, see
+        :mod:`cli.console_guard`); a request with no credentials (a browser before its prompt)
+        costs nothing.
+        """
         assert self._password is not None
+        client = request.client.host if request.client else ""
+        refused = self.sign_ins.refusal(client)
+        if refused is not None:
+            raise _too_many(*refused)
         scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
         try:
             user, _, given = base64.b64decode(encoded, validate=True).decode().partition(":")
@@ -138,10 +166,14 @@ class Console:
             user, given = "", ""
         # Constant time: how long the check takes says nothing about how much of the password matched.
         if scheme.lower() == "basic" and hmac.compare_digest(given.encode(), self._password.encode()):
+            self.sign_ins.succeeded(client)
             if request.method != "GET":  # who did what, for the morning after
                 logger.warning("console: %s %s by operator %r", request.method, request.url.path, user[:64])
             return user
-        logger.warning("console: %s %s refused: no valid operator password", request.method, request.url.path)
+        if scheme:  # a guess: counted (a metric), never logged one by one
+            lockout = self.sign_ins.failed(client)
+            if lockout is not None:
+                raise _too_many(console_guard.Refusal.LOCKED_OUT, lockout)
         raise Problem(
             "the console needs the operator's password (HTTP Basic auth; any user name)",
             status=401,
@@ -151,7 +183,7 @@ class Console:
 
     # -- pages ---------------------------------------------------------------------------
 
-    def overview(self, notice: str | None = None) -> HTMLResponse:
+    def overview(self, notice: str | None = None, sig: str | None = None) -> HTMLResponse:
         """Outboxes, failed rows, dead letters by cause, sagas by status, stuck and failed sagas."""
         overview = console_data.read_overview(self.app, self.runtime)
         projections = console_models.read_projections(self.app, self.runtime)
@@ -162,14 +194,14 @@ class Console:
             projections=projections,
             scheduled=scheduled,
             scheduled_cap=console_models.SCHEDULED,
-            notice=notice,
+            notice=self.notices.verified(notice, sig),
         )
 
     def find_saga(self, saga_id: str = "") -> Response:
         """The saga page of the id typed into the search box."""
         return RedirectResponse(f"/console/sagas/{urllib.parse.quote(saga_id.strip(), safe='')}", status_code=303)
 
-    def saga_page(self, saga_id: str, notice: str | None = None) -> HTMLResponse:
+    def saga_page(self, saga_id: str, notice: str | None = None, sig: str | None = None) -> HTMLResponse:
         """One saga: its state, its timeline, and (with actions allowed) resume and abort."""
         found = self._find(saga_id)
         if found is None:
@@ -177,6 +209,7 @@ class Console:
         where = saga_diagram.position(found.saga, found.row, found.timeline)
         diagram = saga_diagram.render(found.saga, where)
         details = [saga_labels.timeline_detail(found.saga, found.row, entry) for entry in found.timeline]
+        notice = self.notices.verified(notice, sig)
         return self._page("console_saga.html", saga=found, notice=notice, diagram=diagram, details=details)
 
     def saga_list(self, request: Request) -> HTMLResponse:
@@ -286,7 +319,7 @@ class Console:
         for name in names:
             with self.runtime.database(name).connection() as conn:
                 total += len(outbox.retry_failed(conn, name, row_id))
-        return _back("/console", f"{total} outbox row(s) back to pending")
+        return self._back("/console", f"{total} outbox row(s) back to pending")
 
     def replay_dead_letters(self, form: Form) -> Response:
         """Replay one group of a service's parked dead letters, as ``estafeta dead-letters replay --group`` does."""
@@ -304,7 +337,7 @@ class Console:
         # A letter left parked says why, so the operator need not go to the CLI to find out.
         left = [f"#{r.letter.id}: {r.detail}" for r in done if r.outcome in _LEFT_PARKED][:3]
         summary = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
-        return _back("/console", "dead letters: " + summary + "".join(f"; {why}" for why in left))
+        return self._back("/console", "dead letters: " + summary + "".join(f"; {why}" for why in left))
 
     def resume_saga(self, saga_id: str, form: Form) -> Response:
         """Resume the saga, as ``estafeta sagas resume`` does: its current step is sent again."""
@@ -335,7 +368,13 @@ class Console:
             return self._refuse(str(exc), status=404)
         except SagaError as exc:
             done = f"refused: {exc}"
-        return _back(f"/console/sagas/{found.row.saga_id}", done)
+        return self._back(f"/console/sagas/{found.row.saga_id}", done)
+
+    def _back(self, path: str, notice: str) -> Response:
+        # POST, redirect, GET: reloading the page does not repeat the action. The notice is
+        # signed: the page shows no notice a link from elsewhere wrote.
+        query = urllib.parse.urlencode({"notice": notice, "sig": self.notices.sign(notice)})
+        return RedirectResponse(f"{path}?{query}", status_code=303)
 
     def _forged(self, form: dict[str, str]) -> bool:
         return not secrets.compare_digest(form.get("token", "").encode(), self.token.encode())
@@ -344,9 +383,14 @@ class Console:
         return self._page("console_missing.html", reason=why, status=status)
 
 
-def _back(path: str, notice: str) -> Response:
-    # POST, redirect, GET: reloading the page does not repeat the action.
-    return RedirectResponse(f"{path}?{urllib.parse.urlencode({'notice': notice})}", status_code=303)
+def _too_many(why: console_guard.Refusal, wait: float) -> Problem:
+    what = "locked out" if why is console_guard.Refusal.LOCKED_OUT else "slowed down"
+    return Problem(
+        f"too many wrong operator passwords from this address: {what}, try again in {math.ceil(wait)} s",
+        status=429,
+        title="Too Many Requests",
+        headers={"Retry-After": str(math.ceil(wait))},
+    )
 
 
 def _uuid(text: str) -> uuid.UUID | None:

@@ -58,6 +58,12 @@ _NEEDS = ("fastapi", "uvicorn", "jinja2")
     help="Seconds between passes deleting expired Idempotency-Key records, in batches.",
 )
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log every request.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve Prometheus metrics (the console's refused sign-ins among them) on this port.",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics server listens on.")
 def serve_command(
     host: str,
     port: int,
@@ -68,6 +74,8 @@ def serve_command(
     client_header: str,
     prune_interval: float,
     access_log: bool,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Serve the app over HTTP until SIGTERM: its API (the order API for the order system), /health, /console.
 
@@ -90,6 +98,10 @@ def serve_command(
     warn_if_moved(context.runtime, context.app.service_names, "serve")
     web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
     console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=metrics_host)
     click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
     _run(web, (host, port), (console_host, console_port), access_log)
 

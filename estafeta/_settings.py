@@ -276,6 +276,10 @@ def _database_url(name: str, value: str) -> str:
     return value
 
 
+#: The shortest operator password the console accepts (a passphrase of a few words is longer).
+CONSOLE_PASSWORD_MIN_LENGTH = 12
+
+
 def _console_password(name: str, value: str, already: str | None) -> str:
     if already is not None:
         raise SettingsError(name, "set only one of ESTAFETA_CONSOLE_PASSWORD and ESTAFETA_CONSOLE_PASSWORD_FILE")
@@ -288,6 +292,11 @@ def _console_password(name: str, value: str, already: str | None) -> str:
             raise SettingsError(name, f"the password file {value.strip()} is not UTF-8 text") from None
     if not value.strip():
         raise SettingsError(name, "is empty: give the console's password, or unset the variable")
+    if len(value.strip()) < CONSOLE_PASSWORD_MIN_LENGTH:
+        # Never the value, nor its length: a log of this line says nothing about the password.
+        raise SettingsError(
+            name, f"is too short: the console's password needs at least {CONSOLE_PASSWORD_MIN_LENGTH} characters"
+        )
     return value.strip()
 
 

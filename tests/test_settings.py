@@ -116,14 +116,22 @@ def test_redacted_urls_keep_everything_but_the_password() -> None:
 
 def test_the_console_password_comes_from_a_variable_or_a_file_and_is_never_shown(tmp_path: Path) -> None:
     secret = tmp_path / "console-password"
-    secret.write_text("hunter2\n", encoding="utf-8")
+    password = "hunter2 hunter2"
+    secret.write_text(f"{password}\n", encoding="utf-8")
     from_file = Settings.from_env({"ESTAFETA_CONSOLE_PASSWORD_FILE": str(secret)})
-    assert from_file.console_password == Settings.from_env({"ESTAFETA_CONSOLE_PASSWORD": "hunter2"}).console_password
-    assert from_file.console_password == "hunter2" and "hunter2" not in repr(from_file)
+    assert (
+        from_file.console_password
+        == Settings.from_env({"ESTAFETA_CONSOLE_PASSWORD": "hunter2 hunter2"}).console_password
+    )
+    assert from_file.console_password == "hunter2 hunter2" and "hunter2 hunter2" not in repr(from_file)
     assert Settings.from_env({}).console_password is None
     for environ, expected in [
-        ({"ESTAFETA_CONSOLE_PASSWORD": "hunter2", "ESTAFETA_CONSOLE_PASSWORD_FILE": str(secret)}, "set only one"),
+        (
+            {"ESTAFETA_CONSOLE_PASSWORD": "hunter2 hunter2", "ESTAFETA_CONSOLE_PASSWORD_FILE": str(secret)},
+            "set only one",
+        ),
         ({"ESTAFETA_CONSOLE_PASSWORD": " "}, "is empty"),
+        ({"ESTAFETA_CONSOLE_PASSWORD": "hunter2"}, "is too short: .* at least 12 characters"),
         ({"ESTAFETA_CONSOLE_PASSWORD_FILE": str(tmp_path / "nope")}, "cannot read the password file"),
     ]:
         with pytest.raises(SettingsError, match=expected) as caught:

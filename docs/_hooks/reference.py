@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.MULTILINE)
 #: The packages whose modules define estafeta's metrics.
-METRIC_PACKAGES = ("estafeta", "brokers")
+METRIC_PACKAGES = ("estafeta", "brokers", "cli")
 #: Collectors that have no module-level instance: how to make one to ask for its families.
 COLLECTOR_FACTORIES: dict[str, Callable[[type[Any]], Collector]] = {
     "TablesCollector": lambda cls: cls([], [], 300.0),
@@ -139,6 +139,8 @@ def _modules(package: str) -> Iterator[Any]:
     root = importlib.import_module(package)
     yield root
     for info in pkgutil.iter_modules(root.__path__, f"{package}."):
+        if info.name.endswith(".__main__"):  # runs its command when imported
+            continue
         try:
             yield importlib.import_module(info.name)
         except ImportError:  # an optional extra that is not installed defines no metric
@@ -146,7 +148,7 @@ def _modules(package: str) -> Iterator[Any]:
 
 
 def metrics() -> list[MetricDoc]:
-    """Every metric family the modules of ``estafeta`` and ``brokers`` define, by name."""
+    """Every metric family the modules of ``estafeta``, ``brokers`` and ``cli`` define, by name."""
     found: dict[str, MetricDoc] = {}
     for package in METRIC_PACKAGES:
         for module in _modules(package):

@@ -245,7 +245,7 @@ def test_every_console_route_asks_for_the_operator_password_when_actions_are_all
     assert anonymous.headers["Content-Type"] == "application/problem+json" and token not in anonymous.text
     assert page.status_code == 200 and done.status_code == 303
     assert scalar(conn, "SELECT version FROM orders.saga_order") == 2
-    assert "refused: no valid operator password" in log and PASSWORD not in log
+    assert PASSWORD not in log
     assert f"POST /console/sagas/{saga_id}/resume by operator 'anyone'" in log
 
 
@@ -259,6 +259,67 @@ def test_allow_actions_without_an_operator_password_refuses_to_start(database_ur
     assert len(result.stderr.strip().splitlines()) == 1
     empty = run(service_env(database_url, "stub://", ESTAFETA_CONSOLE_PASSWORD_FILE=str(tmp_path)), "serve")
     assert empty.returncode == 2 and "ESTAFETA_CONSOLE_PASSWORD_FILE" in empty.stderr
+
+
+def test_a_short_operator_password_refuses_to_start_naming_the_variable_not_the_value(database_url: str) -> None:
+    from ..integration.processes import service_env
+    from ..test_cli import run
+
+    short = run(service_env(database_url, "stub://", ESTAFETA_CONSOLE_PASSWORD="s3cret"), "serve", "--allow-actions")
+    assert short.returncode == 2, short.stderr
+    assert len(short.stderr.strip().splitlines()) == 1
+    assert "ESTAFETA_CONSOLE_PASSWORD: is too short" in short.stderr and "s3cret" not in short.stderr
+
+
+def sign_in_failures(metrics_url: str) -> dict[str, float]:
+    """The console's refused sign-ins by outcome, as the serve process's metrics say."""
+    found = {}
+    for line in httpx.get(metrics_url).text.splitlines():
+        match = re.match(r'estafeta_console_sign_in_failures_total\{outcome="(\w+)"\} (\S+)', line)
+        if match:
+            found[match.group(1)] = float(match.group(2))
+    return found
+
+
+def test_wrong_passwords_are_slowed_then_locked_out_per_client_and_counted_not_logged(
+    database_url: str, tmp_path: Path
+) -> None:
+    metrics_port = free_port()
+    args = ("--allow-actions", "--no-access-log", "--metrics-port", str(metrics_port))
+    with serving(database_url, tmp_path, *args, env=OPERATOR) as server:
+        console = f"{server.url}/console"
+        answers = [httpx.get(console, auth=("operator", f"guess {n}")) for n in range(10)]
+        locked = httpx.get(console, auth=("operator", PASSWORD))  # the right password, too late
+        # Another client (another loopback address) is not locked out by this one's guesses.
+        elsewhere = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        with elsewhere:
+            other = elsewhere.get(console, auth=("operator", PASSWORD))
+        counted = sign_in_failures(f"http://127.0.0.1:{metrics_port}/metrics")
+        log = server.process.output()
+    assert [answer.status_code for answer in answers[:3]] == [401, 401, 401]  # a typo or two costs nothing
+    assert {answer.status_code for answer in answers[3:9]} <= {401, 429}
+    assert answers[9].status_code == locked.status_code == 429
+    assert "locked out" in locked.json()["detail"] and int(locked.headers["Retry-After"]) > 60
+    assert other.status_code == 200
+    assert counted["wrong_password"] + counted["throttled"] == 10 and counted["locked_out"] >= 1
+    # One line for the lockout, none per guess, and never a password.
+    assert log.count("locked out for 900 s after 10 failed attempts") == 1 and "no valid operator password" not in log
+    assert "guess" not in log and PASSWORD not in log
+
+
+def test_a_notice_written_by_a_link_is_not_shown(database_url: str, conn, tmp_path: Path) -> None:
+    spoof = "Outbox corrupted: run estafeta outbox purge --all"
+    with serving(database_url, tmp_path, "--allow-actions", "--no-access-log", env=OPERATOR) as server:
+        saga_id = stuck_saga(server, conn)
+        with server.client(auth=("operator", PASSWORD)) as http:
+            spoofed = http.get("/console", params={"notice": spoof, "sig": "0" * 64})
+            unsigned = http.get(f"/console/sagas/{saga_id}", params={"notice": spoof})
+            token = form_token(http.get("/console").text)
+            done = http.post(f"/console/sagas/{saga_id}/resume", data={"token": token})
+            shown = http.get(done.headers["Location"])
+    assert spoofed.status_code == unsigned.status_code == 200
+    assert spoof not in spoofed.text and spoof not in unsigned.text and 'id="notice"' not in spoofed.text
+    assert done.status_code == 303 and '<p class="notice" id="notice">resumed: resent</p>' in shown.text
 
 
 def test_the_console_on_a_listener_of_its_own_is_not_served_on_the_api_port(
