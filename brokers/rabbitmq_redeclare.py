@@ -3,14 +3,17 @@
 RabbitMQ cannot change a queue's type or arguments: the queue must be deleted and declared
 again, and deleting a queue deletes its messages. :func:`redeclare_queues` moves each
 queue's messages into a holding queue (``<queue>.redeclaring``), deletes the queue only
-if it is still empty, declares it as :class:`QueueDeclarations` says, and moves the
-messages back. A message is acknowledged at its source only once RabbitMQ confirmed its
+if it is still empty (``if_empty``: RabbitMQ refuses to delete a classic queue that
+received a message meanwhile), declares it as :class:`QueueDeclarations` says, and moves
+the messages back. A message is acknowledged at its source only once RabbitMQ confirmed its
 copy, so a crash part-way can duplicate a message (the consumers' inbox absorbs the
 copy) but never lose one; running it again finishes the job, holding queues first.
 
 Nobody may consume or publish meanwhile: a queue with a consumer (a worker) is refused
 before anything moves, and a queue that received a message while it was being emptied
-(a relay still running) is not deleted.
+(a relay still running) is not deleted. RabbitMQ 3.10 takes no ``if_empty`` on quorum
+queues: a quorum queue's emptiness is checked just before its delete, which leaves a
+message published between the two unprotected: stop the relays first.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def redeclare_queues(
         for name in names:  # every queue checked before anything moves
             _refuse_consumers(connection, name)
         for name in names:
-            done.append(_redeclare(connection, name, declarations))
+            done.append(_redeclare(connection, parameters, name, declarations))
             report(done[-1])
         return done
     except pika.exceptions.AMQPError as exc:
@@ -90,7 +93,12 @@ def redeclare_queues(
             connection.close()
 
 
-def _redeclare(connection: BlockingConnection, name: str, declarations: QueueDeclarations) -> Redeclared:
+def _redeclare(
+    connection: BlockingConnection,
+    parameters: Sequence[pika.ConnectionParameters],
+    name: str,
+    declarations: QueueDeclarations,
+) -> Redeclared:
     arguments = declarations.arguments_of(name)
     holding = name + HOLDING_SUFFIX
     moved = 0
@@ -105,28 +113,47 @@ def _redeclare(connection: BlockingConnection, name: str, declarations: QueueDec
         action = Action.REDECLARED
         _declare(connection, holding, {"x-queue-type": declarations.queue_type})
         _move(connection, name, holding)
-        _delete_empty(connection, name)
+        _delete_empty(connection, parameters, name)
         _declare(connection, name, arguments)
     if _exists(connection, holding):  # this run's, or one an interrupted run left
         moved = _move(connection, holding, name)
-        _delete_empty(connection, holding)
+        _delete_empty(connection, parameters, holding)
     return Redeclared(name, action, moved)
 
 
-def _delete_empty(connection: BlockingConnection, name: str) -> None:
-    """Delete ``name``, which must be empty and unconsumed.
+def _delete_empty(connection: BlockingConnection, parameters: Sequence[pika.ConnectionParameters], name: str) -> None:
+    """Delete ``name`` only if it is empty and unconsumed; else :class:`RedeclareRefused`, the queue kept.
 
-    Quorum queues do not take ``if_empty``: the check is a passive declare just before.
+    RabbitMQ decides, with ``if_empty`` and ``if_unused``, so a message published after the
+    queue was emptied keeps it. On a connection of its own: a quorum queue refuses the flags
+    by closing the connection (``NOT_IMPLEMENTED``), and is then checked just before its delete.
     """
+    try:
+        with pika.BlockingConnection(list(parameters)) as own:
+            own.channel().queue_delete(name, if_unused=True, if_empty=True)
+        return
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != 406:  # PRECONDITION_FAILED: not empty, or consumed
+            raise
+        raise RedeclareRefused(_not_empty(name, exc.reply_text)) from None
+    except pika.exceptions.ConnectionClosedByBroker as exc:
+        if exc.reply_code != 540:  # NOT_IMPLEMENTED: a quorum queue
+            raise
     found = _passive(connection, name)
     if found is not None and (found.message_count or found.consumer_count):
         raise RedeclareRefused(
-            f"queue {name!r} received {found.message_count} message(s) or consumer(s) while it was being emptied:"
-            " stop every relay and worker, then run this again"
+            _not_empty(name, f"{found.message_count} message(s), {found.consumer_count} consumer(s)")
         )
     channel = connection.channel()
     channel.queue_delete(name)
     channel.close()
+
+
+def _not_empty(name: str, server_says: str) -> str:
+    return (
+        f"queue {name!r} received messages or a consumer while it was being emptied ({server_says}), so it was"
+        " not deleted and nothing was lost: stop every relay and worker, then run this again"
+    )
 
 
 def _declare(connection: BlockingConnection, name: str, arguments: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ from ._aggregates import Aggregate, Repository, StreamNotFound, applies
 from ._app import App, Service, load_app
 from ._binding import Binding
 from ._clock import Clock
-from ._errors import BusinessFailure, InvalidMessage, RoutingError, SettingsError
+from ._errors import BusinessFailure, InvalidMessage, NoTransaction, RoutingError, SettingsError
 from ._event_types import EventDecodeError, EventRegistry, EventRegistryError
 from ._events import ANY, NO_STREAM, ConcurrencyConflict, EventMetadata, EventStore, RecordedEvent, StreamAppend
 from ._idempotency import (
@@ -109,6 +109,7 @@ __all__ = [
     "LockServerUnavailable",
     "MessageAlreadyPublished",
     "MessageBeingPublished",
+    "NoTransaction",
     "OnBadEvent",
     "Outcome",
     "Overlap",

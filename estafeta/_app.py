@@ -24,7 +24,7 @@ from sql import migrate
 from sql.plan import Statement
 
 from . import _outbox as outbox
-from ._errors import RoutingError
+from ._errors import RoutingError, require_transaction
 from ._events import EventRegistry, EventStore
 from ._projections import Projection
 from ._schedule_spec import CatchUp, Overlap, Schedule, timing_of
@@ -250,8 +250,10 @@ class Service:
         it after the commit. Options: ``delay`` (seconds or a ``timedelta``) or ``at`` (a
         timezone-aware instant) to hold it until then, ``ordering_key``, ``saga_id``,
         ``message_id``, ``options``, ``traceparent``. The returned id is what
-        :meth:`cancel` and :meth:`reschedule` take while it waits.
+        :meth:`cancel` and :meth:`reschedule` take while it waits. A connection in autocommit
+        with no transaction open is refused (:class:`NoTransaction`): the row would commit alone.
         """
+        require_transaction(conn, "Service.send")
         return outbox.send(conn, command, service=self.name, router=self.router, **options)
 
     def cancel(self, conn: psycopg.Connection[Any], message_id: uuid.UUID) -> None:
@@ -267,8 +269,9 @@ class Service:
 
         An event no step subscribes to raises :class:`RoutingError` unless ``unheard_ok=True``
         (see :func:`estafeta._outbox.publish`). Other options: ``ordering_key``, ``saga_id``,
-        ``options``, ``traceparent``.
+        ``options``, ``traceparent``. A connection with no transaction open is refused, as by :meth:`send`.
         """
+        require_transaction(conn, "Service.publish")
         return outbox.publish(conn, event, service=self.name, router=self.router, **options)
 
     def _join(self, app: App) -> None:

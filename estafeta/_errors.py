@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from psycopg.pq import TransactionStatus
+
 from sql.errors import EstafetaError
 
 
@@ -29,3 +33,21 @@ class InvalidMessage(EstafetaError):
 
 class RoutingError(EstafetaError):
     """No step (or several) handles this command type, or the sender belongs to no app."""
+
+
+class NoTransaction(EstafetaError):
+    """The connection has no transaction open: what estafeta wrote would commit on its own."""
+
+
+def require_transaction(conn: Any, what: str) -> None:
+    """Refuse ``conn`` (a sync or async psycopg connection) in autocommit with no transaction open.
+
+    Such a connection commits each statement by itself: the outbox row would commit alone,
+    whatever happens to the caller's writes. A connection out of autocommit opens its
+    transaction at the first statement, and one in ``conn.transaction()`` is in it.
+    """
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        raise NoTransaction(
+            f"{what} needs a transaction: this connection is in autocommit with none open, so the row would"
+            " commit on its own; write it inside `with conn.transaction():` (`async with` on an AsyncConnection)"
+        )

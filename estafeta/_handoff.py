@@ -61,6 +61,9 @@ class Baton:
     #: The schema of the outbox holding the message's row (the sending service's).
     schema: str
     database: Database
+    #: Whether the step wrote outbox rows before this one (a cancel or a statement with an
+    #: answer writes the rows sent so far): those are the relays', who must be woken for them.
+    wrote_before: bool = False
 
 
 _thread = threading.local()
@@ -83,6 +86,7 @@ def prepare(runtime: Runtime, database: Database, schema: str, conn: psycopg.Con
         return None
     if runtime.queues_here is not None and spec.queue_name not in runtime.queues_here:
         return None  # this worker does not consume the step's queue: its workers do
+    wrote_before = outbox.wrote(conn)  # read before the commit writes the held row
     outbox.lease_sole_held(conn, schema, LEASE)
     body = params["message"].obj
     message: dramatiq.Message[Any] = dramatiq.Message(
@@ -94,7 +98,7 @@ def prepare(runtime: Runtime, database: Database, schema: str, conn: psycopg.Con
         message_id=str(params["message_id"]),
         message_timestamp=int(time.time() * 1000),
     )
-    return Baton(spec=spec, message=message, schema=schema, database=database)
+    return Baton(spec=spec, message=message, schema=schema, database=database, wrote_before=wrote_before)
 
 
 class WorkerQueues(dramatiq.Middleware):

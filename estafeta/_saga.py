@@ -57,6 +57,7 @@ from sql.sagas import KEY_TYPES, SagaRow, SagaTable
 from . import _outbox as outbox
 from ._errors import BusinessFailure, InvalidMessage
 from ._local_steps import run_local, runs_local
+from ._errors import BusinessFailure, InvalidMessage, require_transaction
 from ._messages import from_json, to_json
 from ._saga_model import (
     ACTION,
@@ -231,8 +232,10 @@ class Saga:
         """Start a saga for ``data`` in the caller's transaction: its row, its log and its first command.
 
         With a ``saga_id`` that already exists, nothing happens (a retried start).
-        ``step_timeout`` is kept in the row: the wait for steps that declare none.
+        ``step_timeout`` is kept in the row: the wait for steps that declare none. A connection
+        in autocommit with no transaction open is refused (:class:`estafeta.NoTransaction`).
         """
+        require_transaction(conn, "Saga.start")
         return plan.run(
             conn, self.start_plan(data, saga_id=saga_id, step_timeout=step_timeout, traceparent=traceparent)
         )

@@ -463,10 +463,12 @@ def _run(
                 _before_commit(held, conn)
         wrote = outbox.wrote(conn)
     # The one message sent may go straight on (estafeta._handoff): no relay is woken for it,
-    # nor for a step that sent nothing (a saga's last transition, a step answering no one).
+    # nor for a step that sent nothing (a saga's last transition, a step answering no one);
+    # rows written before the handed-off one (a cancel wrote them early) are the relays'.
     handoff.offer(baton)
     if runtime.wakes_after_commit:
-        runtime.wake_after_commit(database, spec.service, relays=wrote and baton is None)
+        relays = wrote and (baton is None or baton.wrote_before)
+        runtime.wake_after_commit(database, spec.service, relays=relays)
     logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
     return outcome
 

@@ -30,6 +30,7 @@ from sql import outbox as store
 from sql.plan import NeedsSyncConnection, run_async
 
 from . import _outbox as outbox
+from ._errors import require_transaction
 from ._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from ._idempotency import Idempotency, IdempotentRequest, Step, boundary_async
 from ._problem import HttpResponse
@@ -56,11 +57,13 @@ AsyncHandler = Callable[[psycopg.AsyncConnection[Any]], Awaitable[HttpResponse]]
 
 async def send(conn: psycopg.AsyncConnection[Any], service: Service, command: Any, **options: Any) -> uuid.UUID:
     """:meth:`Service.send <estafeta.Service.send>` on an async connection: one outbox row in its transaction."""
+    require_transaction(conn, "estafeta.aio.send")
     return await run_async(conn, outbox.send_plan(command, service=service.name, router=service.router, **options))
 
 
 async def publish(conn: psycopg.AsyncConnection[Any], service: Service, event: Any, **options: Any) -> list[uuid.UUID]:
     """:meth:`Service.publish <estafeta.Service.publish>` on an async connection: a row per subscriber."""
+    require_transaction(conn, "estafeta.aio.publish")
     return await run_async(conn, outbox.publish_plan(event, service=service.name, router=service.router, **options))
 
 
@@ -78,8 +81,10 @@ async def start_saga(conn: psycopg.AsyncConnection[Any], saga: Saga, data: Any, 
     """:meth:`Saga.start <estafeta.Saga.start>` on an async connection: the saga's row, its log and first command.
 
     A saga with an ``on_transition`` hook (which takes a synchronous connection) cannot be
-    started here: :class:`NeedsSyncConnection` says so before anything is written.
+    started here: :class:`NeedsSyncConnection` says so before anything is written. A
+    connection with no transaction open is refused (:class:`estafeta.NoTransaction`).
     """
+    require_transaction(conn, "estafeta.aio.start_saga")
     if saga.on_transition is not None:
         raise NeedsSyncConnection(
             f"saga {saga.name} has an on_transition hook, which runs on a synchronous psycopg connection:"

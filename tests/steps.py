@@ -56,6 +56,20 @@ def send_three(ctx: StepContext, command: SendThree) -> None:
     SENT[command.ping_id] = {"sent": sent, "seen": [r[0] for r in rows]}
 
 
+@attrs.frozen
+class SendBeforeHandOff:
+    """Send a pong, send and cancel a delayed one (its rows written before the commit), then the pong to hand off."""
+
+    ping_id: uuid.UUID
+
+
+@SERVICE.step(SendBeforeHandOff, name="test_send_before_handoff")
+def send_before_handoff(ctx: StepContext, command: SendBeforeHandOff) -> None:
+    ctx.send(Pong(command.ping_id))
+    cancel(ctx.conn, ctx.send(Pong(command.ping_id), delay=3600), service="probe")
+    ctx.send(Pong(command.ping_id))  # the step's one held message: handed off
+
+
 #: Attempts per ping id of ``probe.test_explode``.
 ATTEMPTS: Counter[uuid.UUID] = Counter()
 _attempts_lock = threading.Lock()

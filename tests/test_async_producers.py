@@ -13,6 +13,7 @@ import sqlalchemy
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 from estafeta import ConcurrencyConflict, HttpResponse, IdempotentRequest, Runtime, aio
+from estafeta import NoTransaction as EstafetaNoTransaction
 from estafeta.sqlalchemy import NoTransaction, UnsupportedDriver
 from estafeta.sqlalchemy import asyncio as es
 from examples.shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
@@ -80,6 +81,44 @@ def test_aio_writes_roll_back_with_the_callers_transaction(database_url: str, ru
 
     with pytest.raises(RuntimeError, match="after the writes"):
         run(main)
+    assert counts(conn) == (0, 0, 0, 0)
+
+
+def test_aio_producers_refuse_an_autocommit_connection_with_no_transaction_open(
+    database_url: str, runtime: Runtime, conn
+) -> None:
+    item_id = uuid.uuid4()
+    writes: list[Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]] = [
+        lambda aconn: aio.send(aconn, shelf, Restock(item_id, 1)),
+        lambda aconn: aio.publish(aconn, shelf, ItemAdded(item_id, "x")),
+        lambda aconn: aio.start_saga(aconn, stocking, Stocking(item_id, 2)),
+    ]
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
+            for write in writes:
+                with pytest.raises(EstafetaNoTransaction, match="autocommit with none open"):
+                    await write(aconn)
+            async with aconn.transaction():  # the same connection, in a transaction: accepted
+                for write in writes:
+                    await write(aconn)
+
+    run(main)
+    assert counts(conn) == (0, 3, 1, 0)
+
+
+def test_sync_producers_refuse_an_autocommit_connection_with_no_transaction_open(
+    database_url: str, runtime: Runtime, conn
+) -> None:
+    item_id = uuid.uuid4()
+    with psycopg.connect(database_url, autocommit=True) as autocommit:
+        for write in (
+            lambda: shelf.send(autocommit, Restock(item_id, 1)),
+            lambda: shelf.publish(autocommit, ItemAdded(item_id, "x")),
+            lambda: stocking.start(autocommit, Stocking(item_id, 2)),
+        ):
+            with pytest.raises(EstafetaNoTransaction, match="needs a transaction"):
+                write()
     assert counts(conn) == (0, 0, 0, 0)
 
 

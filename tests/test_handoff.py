@@ -30,12 +30,14 @@ from estafeta import _handoff as handoff
 from estafeta._clock import Clock
 from estafeta._steps import Outcome, deliver
 from estafeta.testing import TEST_SETTINGS
+from sql.outbox import WAKE_CHANNEL
 
 from . import steps
 from .app import app as tests_app
 from .conftest import APPS, bound_broker, make_relay, relay_running, started_worker
 from .helpers import message_for, scalar, wait_until
 from .shop import place, seed
+from .steps import SendBeforeHandOff
 
 
 @pytest.fixture
@@ -111,6 +113,22 @@ def test_a_worker_consuming_some_queues_hands_off_only_to_their_steps(
     assert make_relay(handing, handing_broker, services=["payments"]).drain_once() == 1
     (reply,) = _queued(handing_broker, "orders")
     assert reply.actor_name == "orders.saga_order_reply"
+
+
+def test_rows_written_before_the_handed_off_one_wake_the_relays(
+    handing: Runtime, handing_broker: StubBroker, database_url: str, conn
+) -> None:
+    assert handing.wakes_after_commit
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {WAKE_CHANNEL}")
+        message = message_for("probe.test_send_before_handoff", SendBeforeHandOff(uuid.uuid4()))
+        assert deliver(handing.steps_here["probe.test_send_before_handoff"], handing, message) is Outcome.OK
+        baton = handoff.take()
+        assert baton is not None and baton.message.actor_name == "pingpong.pong"
+        # The first pong's row is due now and no relay had been told: the waker tells them.
+        woken = [note.payload for note in listener.notifies(timeout=60, stop_after=1)]
+    assert woken == ["probe"]
+    assert scalar(conn, "SELECT count(*) FROM probe.outbox WHERE attempts = 0") == 1  # the first pong, for a relay
 
 
 def _queued(broker: StubBroker, queue: str) -> list[dramatiq.Message]:

@@ -42,6 +42,7 @@ from sql import plan
 from sql.errors import EstafetaError
 from sql.pool import Database
 
+from .. import _errors
 from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from .._idempotency import Idempotency, IdempotentRequest, Step
 from .._problem import HttpResponse
@@ -77,7 +78,7 @@ class OtherDatabase(EstafetaError, ImproperlyConfigured):
     """A step's service lives in another database than Django's: its ORM cannot share the step's transaction."""
 
 
-class NoTransaction(EstafetaError, TransactionManagementError):
+class NoTransaction(_errors.NoTransaction, TransactionManagementError):
     """Not inside ``transaction.atomic()``: what estafeta wrote would commit on its own."""
 
 

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from sql import plan
 from sql.errors import EstafetaError
 
+from .. import _errors
 from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from .._idempotency import Idempotency, IdempotentRequest, Step
 from .._problem import HttpResponse
@@ -64,7 +65,7 @@ class UnsupportedDriver(EstafetaError, sqlalchemy.exc.InvalidRequestError):
     """The session's engine does not use the psycopg driver: use a ``postgresql+psycopg://`` URL."""
 
 
-class NoTransaction(EstafetaError, sqlalchemy.exc.InvalidRequestError):
+class NoTransaction(_errors.NoTransaction, sqlalchemy.exc.InvalidRequestError):
     """No transaction is open on this connection: what estafeta wrote would commit on its own."""
 
 

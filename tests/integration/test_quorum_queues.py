@@ -15,19 +15,20 @@ import functools
 import subprocess
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import dramatiq
 import pika
+import pika.exceptions
 import psycopg
 import pytest
 from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL, RabbitmqBroker
 
 from actors.kill_and_recover import KillAndRecover, Plan
-from brokers import broker_from_url
+from brokers import broker_from_url, rabbitmq_redeclare
 from brokers.publish import publisher_for, to_message
 from brokers.rabbitmq_queues import QueueDeclarations, QueueMismatch, QueueTypedRabbitmqBroker, check_quorum_arguments
 from brokers.rabbitmq_redeclare import HOLDING_SUFFIX, Action, RedeclareRefused, redeclare_queues
@@ -238,6 +239,76 @@ def test_redeclare_turns_classic_queues_holding_messages_into_quorum_queues_losi
         assert _drain(amqp_url, queue) == bodies
     finally:
         broker.close()
+
+
+def _drain_with_holding(url: str, queue: str) -> Counter[bytes]:
+    """The bodies in ``queue``, its ``.DQ`` and ``.XQ``, and their holding queues (those that exist)."""
+    bodies: Counter[bytes] = Counter()
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
+            for each in (name, name + HOLDING_SUFFIX):
+                channel = connection.channel()
+                try:
+                    while (got := channel.basic_get(each, auto_ack=True))[0] is not None:
+                        bodies[got[2]] += 1
+                except pika.exceptions.ChannelClosedByBroker:
+                    continue  # no such queue
+                channel.close()
+    return bodies
+
+
+def _publishing_meanwhile(url: str, queue: str, bodies: Counter[bytes]) -> Callable[..., Any]:
+    """A stand-in for a relay still running: one more message to ``queue`` each time it is called."""
+
+    def publish(*_: Any) -> None:
+        body = b"published meanwhile %d" % sum(bodies.values())
+        with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+            connection.channel().basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        bodies[body] += 1
+
+    return publish
+
+
+def test_a_message_published_between_the_emptiness_check_and_the_delete_is_not_lost(
+    amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = f"racing-{uuid.uuid4().hex[:6]}"
+    bodies = _fill_classic_queues(amqp_url, queue)
+    publish = _publishing_meanwhile(amqp_url, queue, bodies)
+    checked = rabbitmq_redeclare._passive
+
+    def then_publish(connection: Any, name: str) -> Any:
+        found = checked(connection, name)  # what the queue held when asked...
+        if name == queue:
+            publish()  # ...and a publish right after
+        return found
+
+    monkeypatch.setattr(rabbitmq_redeclare, "_passive", then_publish)
+    with contextlib.suppress(RedeclareRefused):
+        redeclare_queues([pika.URLParameters(amqp_url)], QueueDeclarations("quorum", 25), [queue])
+    assert _drain_with_holding(amqp_url, queue) == bodies
+
+
+def test_a_classic_queue_that_received_a_message_while_emptied_is_kept_and_the_refusal_says_so(
+    amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = f"refill-{uuid.uuid4().hex[:6]}"
+    bodies = _fill_classic_queues(amqp_url, queue)
+    publish = _publishing_meanwhile(amqp_url, queue, bodies)
+    move = rabbitmq_redeclare._move
+
+    def then_publish(connection: Any, source: str, target: str) -> int:
+        moved = move(connection, source, target)
+        if source == queue:
+            publish()
+        return moved
+
+    monkeypatch.setattr(rabbitmq_redeclare, "_move", then_publish)
+    refused = f"queue '{queue}' received messages or a consumer while it was being emptied .* nothing was lost"
+    with pytest.raises(RedeclareRefused, match=refused):
+        redeclare_queues([pika.URLParameters(amqp_url)], QueueDeclarations("quorum", 25), [queue])
+    assert rabbitmq_queues(amqp_url)[queue][0] == "classic"
+    assert _drain_with_holding(amqp_url, queue) == bodies
 
 
 def test_redeclare_interrupted_after_the_delete_finishes_the_next_time(amqp_url: str) -> None:
