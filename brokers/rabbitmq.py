@@ -89,6 +89,16 @@ class RabbitmqPublisher:
         """Publish ``rows`` in order on one channel; report what RabbitMQ confirmed."""
         if not rows:
             return PublishOutcome()
+        # One bound for the whole attempt (handshake, channel, declares, confirms): a broker
+        # that accepts and then stops answering at any step is reported within it.
+        self._link.attempt_until = time.monotonic() + self.confirm_timeout
+        self._link.attempt_bound = self.confirm_timeout
+        try:
+            return self._publish(rows)
+        finally:
+            self._link.attempt_until = None
+
+    def _publish(self, rows: Sequence[OutboxRow]) -> PublishOutcome:
         try:
             self._link.ensure_open(self.idle_reconnect)
             refused = self._declare(sorted({row.queue_name for row in rows}))
@@ -206,6 +216,10 @@ class _Link:
         self._confirming = False
         self._batch: _Batch | None = None
         self._until: Callable[[], bool] | None = None
+        #: ``time.monotonic()`` by which the publish under way must be done (``None``: each wait's own bound).
+        self.attempt_until: float | None = None
+        #: The whole attempt's bound, seconds (what a timeout says when the attempt's deadline cut it).
+        self.attempt_bound = 0.0
 
     # -- opening and closing -------------------------------------------------
 
@@ -226,7 +240,9 @@ class _Link:
 
     def _connect(self) -> None:
         errors: list[str] = []
-        for parameters in self.parameters:
+        for tried, parameters in enumerate(self.parameters):
+            if tried and self.attempt_until is not None:  # failing over: the next host gets its own time
+                self.attempt_until = max(self.attempt_until, time.monotonic() + self.connect_timeout)
             self.close_reason = None
             self.declared.clear()
             self.connection = pika.SelectConnection(
@@ -343,14 +359,16 @@ class _Link:
         Raises :class:`Unavailable` if the connection is closed (unless ``closing``) and
         :class:`_Timeout` after ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
+        deadline, bound = time.monotonic() + timeout, timeout
+        if self.attempt_until is not None and not closing and self.attempt_until < deadline:
+            deadline, bound = self.attempt_until, self.attempt_bound
         ioloop = self.connection.ioloop
         while not until():
             if self.connection.is_closed:
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _Timeout(f"no {what} within {timeout:g} s")
+                raise _Timeout(f"no answer within {bound:g} s (waiting for {what})")
             self._until = until
             # Callbacks stop the loop as soon as ``until()`` holds; the short slice bounds
             # what a callback that forgets to is worth.

@@ -10,11 +10,17 @@ cut off by a lost connection before ``EXEC`` enqueued nothing.
 Every call goes through the publisher's own client, whose socket timeouts are the relay's
 confirm timeout: also the ``maxstack`` script Dramatiq runs once per process before its
 first enqueue (on the broker's client, which may have no timeout at all: a Redis that
-accepts connections and never answers would hold the relay's first batch forever).
+accepts connections and never answers would hold the relay's first batch forever). The
+socket timeout bounds each read; a batch makes several (the connection's handshake, its
+health check, the script, ``EXEC``, ``WAIT``), so the whole attempt runs against one
+deadline, the confirm timeout, in a thread of the publisher's own: past it, the
+publisher's connections are closed (which ends the blocked read) and the batch reports
+the broker unavailable.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import uuid
 from collections.abc import Sequence
@@ -50,8 +56,11 @@ class RedisPublisher:
         self.client = client
         #: Replicas that must acknowledge a batch (``WAIT``) before it counts as confirmed.
         self.wait_replicas = wait_replicas
+        #: The bound of one batch's whole attempt, seconds (``None``: each read's socket timeout only).
+        self.attempt_timeout: float | None = None
         self._wait_ms = 0
         self._max_unpack_size: int | None = None
+        self._attempts: concurrent.futures.ThreadPoolExecutor | None = None
 
     @classmethod
     def for_broker(
@@ -74,6 +83,7 @@ class RedisPublisher:
         }
         client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
         publisher = cls(broker, client, wait_replicas=wait_replicas)
+        publisher.attempt_timeout = confirm_timeout
         # WAIT answers within its own timeout, before the socket's: a late replica is reported, not a hung server.
         publisher._wait_ms = max(int(confirm_timeout * 1000) - 500, 1)
         return publisher
@@ -86,8 +96,9 @@ class RedisPublisher:
         # enqueued again), exactly as RedisBroker.enqueue does.
         encoded, unencodable = encode_each(rows, _with_redis_id)
         try:
-            results = self._execute(encoded) if encoded else []
-            short = self._replicas_short() if encoded else None
+            results, short = self._bounded(lambda: self._attempt(encoded)) if encoded else ([], None)
+        except redis.TimeoutError as exc:
+            return PublishOutcome(failed=unencodable, broker_error=self._no_answer(describe(exc)))
         except redis.RedisError as exc:
             return PublishOutcome(failed=unencodable, broker_error=f"Redis: {describe(exc)}")
         if short:
@@ -99,6 +110,28 @@ class RedisPublisher:
             else:
                 outcome.confirmed.append(row.id)
         return outcome
+
+    def _attempt(self, encoded: Sequence[tuple[OutboxRow, tuple[str, bytes]]]) -> tuple[list[Any], str | None]:
+        return self._execute(encoded), self._replicas_short()
+
+    def _bounded(self, attempt: Any) -> Any:
+        """``attempt()`` within :attr:`attempt_timeout`, or ``redis.TimeoutError`` (its connections closed)."""
+        if self.attempt_timeout is None:
+            return attempt()
+        if self._attempts is None:
+            self._attempts = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="estafeta-redis-publish")
+        future = self._attempts.submit(attempt)
+        try:
+            return future.result(timeout=self.attempt_timeout)
+        except concurrent.futures.TimeoutError:
+            # Closing the sockets ends the read the attempt waits in; its error is dropped.
+            self.client.connection_pool.disconnect()
+            raise redis.TimeoutError("the attempt was cut off") from None
+
+    def _no_answer(self, detail: str) -> str:
+        where = self.client.connection_pool.connection_kwargs
+        bound = f"{self.attempt_timeout:g} s" if self.attempt_timeout is not None else "the socket timeout"
+        return f"Redis at {where.get('host')}:{where.get('port')}: no answer within {bound} ({detail})"
 
     def _replicas_short(self) -> str | None:
         """Why the batch just written is not confirmed yet: too few replicas acknowledged it (``WAIT``)."""
@@ -163,8 +196,11 @@ class RedisPublisher:
         return list(pipe.execute(raise_on_error=False))
 
     def close(self) -> None:
-        """Close the publisher's connections."""
+        """Close the publisher's connections (and end an attempt still waiting on one)."""
+        self.client.connection_pool.disconnect()
         self.client.close()
+        if self._attempts is not None:
+            self._attempts.shutdown(wait=False)
 
 
 def _with_redis_id(row: OutboxRow) -> tuple[str, bytes]:

@@ -64,6 +64,12 @@ def close_relay(relay: Relay) -> None:
         database.close()
 
 
+def _warn_unless_durable(relay: Relay) -> None:
+    warning = durability_warning(relay.publisher)
+    if warning:
+        logger.warning("relay: %s", warning)
+
+
 def run_lanes(relays: list[Relay], stop: threading.Event) -> None:
     """Run ``relays`` side by side until ``stop``.
 
@@ -76,9 +82,11 @@ def run_lanes(relays: list[Relay], stop: threading.Event) -> None:
     across relay processes.
     """
     if relays:
-        warning = durability_warning(relays[0].publisher)
-        if warning:
-            logger.warning("relay: %s", warning)
+        # Beside the lanes, not before them: a broker that does not answer the question
+        # must not hold back the first batch, whose failure says so within its bound.
+        threading.Thread(
+            target=_warn_unless_durable, args=(relays[0],), name="estafeta-relay-durability", daemon=True
+        ).start()
     errors: list[BaseException] = []
 
     def lane(relay: Relay) -> None:

@@ -1,0 +1,75 @@
+"""The relay against a broker that accepts TCP connections and never says a word.
+
+Each step of a connection (the handshake, a health check, a script load) may wait for an
+answer; the relay bounds the whole attempt by its confirm timeout, so it warns within that
+bound whatever step the silence hits, and carries on trying.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..helpers import scalar, wait_until
+from ..relay_support import add
+from . import processes
+from .relay_faults import with_port
+
+pytestmark = pytest.mark.integration
+
+#: The bound the relay's warning states, seconds: its default confirm timeout bounds a whole
+#: attempt; RabbitMQ's handshake has the tighter connect timeout (10 s, so a second host is tried in time).
+BOUNDS = {"redis": 15, "rabbitmq": 10}
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A TCP server on a free port that accepts every connection and never sends a byte; its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    accepted: list[socket.socket] = []
+    closing = threading.Event()
+
+    def accept() -> None:
+        while not closing.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return  # closed
+            accepted.append(connection)  # held open, read from never
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        closing.set()
+        listener.close()
+        for connection in accepted:
+            connection.close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_the_relay_warns_within_its_bound_against_a_broker_that_never_answers(
+    broker: str, request: pytest.FixtureRequest, database_url: str, runtime, conn, tmp_path: Path
+) -> None:
+    url = str(request.getfixturevalue("redis_url" if broker == "redis" else "amqp_url"))
+    add(conn, "k", 0)
+    with silent_server() as port:
+        env = processes.service_env(database_url, with_port(url, port))
+        relay = processes.relay(env, tmp_path)  # the default confirm timeout
+        with processes.running(relay):
+            # Generous: the test waits for the warning, the warning's text states the bound.
+            wait_until(lambda: "WARNING" in relay.output(), timeout=180, what="the relay's first warning")
+            first = next(line for line in relay.output().splitlines() if "WARNING" in line)
+            assert relay.popen.poll() is None  # it carries on
+    assert re.search(rf"relay paused .*no answer within {BOUNDS[broker]} s", first), first
+    assert scalar(conn, "SELECT count(*) FROM pingpong.outbox WHERE attempts = 0") == 1  # not the row's fault
