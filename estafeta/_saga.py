@@ -311,6 +311,7 @@ class Saga:
                 context.get("version"),
                 row.last_error,
             )
+            store.clear_error(ctx.conn, self.table, row)  # superseded: the participant acted
         elif not self._answers_current(row, context):
             REPLIES.labels(self.name, "stale").inc()
             logger.info(

@@ -281,6 +281,13 @@ def record_error(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow, 
     return int(found[0])
 
 
+def clear_error(conn: psycopg.Connection[Any], table: SagaTable, row: SagaRow) -> None:
+    """Clear ``row``'s ``last_error`` (read under its lock); its log keeps every error."""
+    params = {"saga_id": row.saga_id, "version": row.version}
+    if conn.execute(query("clear_error", table), params).fetchone() is None:
+        raise RuntimeError(f"saga {row.saga_id} changed under its lock (version {row.version})")
+
+
 def _changed(
     conn: psycopg.Connection[Any], name: str, table: SagaTable, row: SagaRow, params: dict[str, Any]
 ) -> SagaRow:

@@ -117,6 +117,13 @@ SELECT 1 + (SELECT count(*)
                                    WHERE o.saga_id = r.saga_id AND o.event <> 'error'), 0)) AS errors
 FROM recorded AS r
 
+-- clear_error --
+-- A late answer moves a saga the watchdog failed for want of replies: the error it failed
+-- with no longer describes it (its `failed` entry in the log keeps it).
+UPDATE {schema}.{table} SET last_error = NULL
+WHERE saga_id = %(saga_id)s AND version = %(version)s
+RETURNING saga_id
+
 -- insert_log --
 INSERT INTO {schema}.{log} (saga_id, version, status, step, event, detail, at)
 VALUES (%(saga_id)s, %(version)s, %(status)s, %(step)s, %(event)s, %(detail)s, {schema}.clock_now())

@@ -377,7 +377,10 @@ def test_a_late_answer_to_a_step_past_the_point_of_no_return_given_up_completes_
     assert courier.deliver(late) == "ok"
     assert courier.deliver(courier.take(REPLY)) == "ok"
     courier.run()
-    assert saga(conn, placed.saga_id).status == "completed"
+    done = saga(conn, placed.saga_id)
+    # A completed saga does not read "no reply after 3 attempt(s)": the timeline keeps it.
+    assert (done.status, done.last_error) == ("completed", None)
+    assert ("failed", "failed", "confirm_order") in events(conn, placed.saga_id)
     assert order_status(conn, placed.order_id) == "confirmed"
 
 
