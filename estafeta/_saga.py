@@ -55,9 +55,8 @@ from sql.migrate import Migration
 from sql.sagas import KEY_TYPES, SagaRow, SagaTable
 
 from . import _outbox as outbox
-from ._errors import BusinessFailure, InvalidMessage
-from ._local_steps import run_local, runs_local
 from ._errors import BusinessFailure, InvalidMessage, require_transaction
+from ._local_steps import run_local, runs_local
 from ._messages import from_json, to_json
 from ._saga_model import (
     ACTION,
