@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import actors
 from actors.order_saga import ORDER_SAGA
-from estafeta._projector_run import ProjectorsMiddleware
+from estafeta.events.projector_run import ProjectorsMiddleware
 
 ORDER_SAGA.on_transition = None
 for middleware in actors.broker.middleware:

@@ -26,9 +26,9 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from estafeta._aggregates import Aggregate, Repository, applies
-from estafeta._events import EventStore, RecordedEvent
-from estafeta._projections import Projection, ProjectionContext, Projector, handles
+from estafeta.events.aggregates import Aggregate, Repository, applies
+from estafeta.events.projections import Projection, ProjectionContext, Projector, handles
+from estafeta.events.store import EventStore, RecordedEvent
 from sql import event_store, migrate
 
 from . import events_baselines as baselines

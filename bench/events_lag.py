@@ -14,9 +14,9 @@ from typing import Any
 
 import psycopg
 
-from estafeta._events import EventStore
-from estafeta._projections import BatchResult, Projector
-from estafeta._projector_run import run_projector
+from estafeta.events.projections import BatchResult, Projector
+from estafeta.events.projector_run import run_projector
+from estafeta.events.store import EventStore
 
 from .events_workers import ItemAdded, registry
 

@@ -17,8 +17,8 @@ from typing import Any
 import attrs
 import psycopg
 
-from estafeta._event_types import EventRegistry
-from estafeta._events import EventStore
+from estafeta.events.event_types import EventRegistry
+from estafeta.events.store import EventStore
 
 registry = EventRegistry()
 

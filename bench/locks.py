@@ -35,7 +35,7 @@ import psycopg
 import redis
 
 from estafeta import Redlock
-from estafeta._locks import HeldLock, PostgresLocks, RedisLocks
+from estafeta.locks.step_locks import HeldLock, PostgresLocks, RedisLocks
 from sql import migrate
 from sql.pool import Database
 

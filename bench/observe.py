@@ -83,8 +83,8 @@ def measure(mode: str, dsn: str, count: int) -> dict[str, Any]:
 
 def _instrumentation_only(message: Any, count: int = 20000) -> dict[str, float]:
     """Microseconds the instrumentation alone takes per outbox write and per delivery (no database)."""
-    from estafeta import _observe as observe
-    from estafeta import _tracing as tracing
+    from estafeta.observability import delivery as observe
+    from estafeta.observability import tracing as tracing
 
     message_id = uuid.uuid4()
     started = time.perf_counter()

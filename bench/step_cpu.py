@@ -28,7 +28,7 @@ from dramatiq.brokers.rabbitmq import _RabbitmqMessage
 from actors.app import app
 from actors.pingpong import Ping
 from estafeta import Runtime, Settings, deliver
-from estafeta._messages import to_json
+from estafeta.messaging.messages import to_json
 
 from .common import admin_dsn, scratch_database
 from .cpu import process_cpu

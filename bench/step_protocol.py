@@ -1,6 +1,6 @@
 """``python -m bench.step_protocol``: a step's first round trip as a pipeline, beside one simple-protocol query.
 
-The statements of ``estafeta._step_tx.begin`` (count the delivery in a transaction of its
+The statements of ``estafeta.steps.transaction.begin`` (count the delivery in a transaction of its
 own, ``BEGIN``, the inbox record with the PostgreSQL lock, the savepoint), on a schema with the
 ``_common`` migrations, are sent ``--steps`` times on one connection, alternately (two
 rounds each):
@@ -27,8 +27,8 @@ from typing import Any
 
 import psycopg
 
-from estafeta._locks import PostgresLocks
-from estafeta._step_tx import SAVEPOINT, begin
+from estafeta.locks.step_locks import PostgresLocks
+from estafeta.steps.transaction import SAVEPOINT, begin
 from sql import inbox, migrate
 from sql.queries import query
 
@@ -44,7 +44,7 @@ Opening = Callable[[psycopg.Connection[Any], uuid.UUID, str], tuple[int, bool]]
 
 
 def pipeline(conn: psycopg.Connection[Any], message_id: uuid.UUID, key: str) -> tuple[int, bool]:
-    """The first round trip as a step sends it: ``estafeta._step_tx.begin`` itself."""
+    """The first round trip as a step sends it: ``estafeta.steps.transaction.begin`` itself."""
     opened = begin(conn, SCHEMA, CONSUMER, message_id, key, lock_timeout_ms=LOCKS.timeout_ms)
     return opened.attempts, opened.first
 

@@ -72,8 +72,8 @@ def _threads(count: int, work: Any) -> int:
 
 
 def _appends(dsn: str, policy: str, start_at: float, seconds: float, index: int, threads: int) -> int:
-    from estafeta._events import EventStore
-    from estafeta._wakeups import Waker
+    from estafeta.events.store import EventStore
+    from estafeta.messaging.wakeups import Waker
 
     from .events_workers import STREAMS, ItemAdded, registry
 
@@ -119,7 +119,7 @@ def _steps(dsn: str, policy: str, start_at: float, seconds: float, index: int, t
     from actors.app import app
     from actors.pingpong import Ping
     from estafeta import Runtime, Settings, deliver
-    from estafeta._messages import to_json
+    from estafeta.messaging.messages import to_json
 
     # As a worker process: its threads share one runtime (a pool, a waker).
     runtime = Runtime(Settings(database_url=dsn, wakeup=policy, pool_size=threads))

@@ -24,7 +24,7 @@ at once. A lost partition (the session expired) commits nothing.
 A record that kills its worker (SIGKILL, OOM) comes back first after the restart: offsets
 never move past it. The inbox counts its deliveries and parks it (``ESTAFETA_MAX_DELIVERIES``);
 in a partition's fixed order the same neighbours run beside it every time, and a delivery
-after one that died runs alone in its process (``estafeta._steps._beside_or_alone``), so they are not
+after one that died runs alone in its process (``estafeta.steps.delivery._beside_or_alone``), so they are not
 parked with it.
 """
 

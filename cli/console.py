@@ -42,8 +42,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
 from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
-from estafeta._dead_letters import ReplayOutcome, replay
-from estafeta._settings import CONSOLE_PASSWORD_MIN_LENGTH
+from estafeta.app.settings import CONSOLE_PASSWORD_MIN_LENGTH
+from estafeta.operations.dead_letters import ReplayOutcome, replay
 from sql import outbox
 
 from . import (

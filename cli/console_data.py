@@ -12,7 +12,7 @@ import attrs
 from markupsafe import Markup, escape
 
 from estafeta import App, Runtime, Saga
-from estafeta._dead_letters import Group, groups
+from estafeta.operations.dead_letters import Group, groups
 from sql import outbox, sagas
 from sql.outbox import OutboxStats
 from sql.sagas import LogEntry, SagaRow

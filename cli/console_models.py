@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from estafeta import App, Runtime, Service
-from estafeta._projection_ops import ProjectionStatus, projection_status
+from estafeta.events.projection_ops import ProjectionStatus, projection_status
 from sql import event_store, outbox, projection_store
 from sql.event_store import StoredEvent
 from sql.outbox import ScheduledRow

@@ -8,7 +8,16 @@ from typing import Any
 import attrs
 import click
 
-from estafeta._dead_letters import DeadLetter, Group, Replayed, ReplayOutcome, groups, list_dead_letters, replay, show
+from estafeta.operations.dead_letters import (
+    DeadLetter,
+    Group,
+    Replayed,
+    ReplayOutcome,
+    groups,
+    list_dead_letters,
+    replay,
+    show,
+)
 
 from .context import current
 

@@ -216,7 +216,7 @@ def _absorbed(before: float, harness: Harness) -> int | None:
 
 
 def _duplicates_counted() -> float:
-    from estafeta._metrics import STEPS
+    from estafeta.observability.metrics import STEPS
 
     return sum(
         sample.value

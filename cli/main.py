@@ -8,7 +8,7 @@ import sys
 import click
 
 from estafeta import EstafetaError, __version__
-from estafeta import _logs as logs
+from estafeta.observability import logs as logs
 
 from .context import ORDER_SYSTEM, AppContext
 

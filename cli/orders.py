@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import attrs
 import click
 
-from estafeta import _tracing as tracing
+from estafeta.observability import tracing as tracing
 
 from .context import order_system
 from .projections import Moment

@@ -13,8 +13,8 @@ import click
 from prometheus_client import start_http_server
 
 from estafeta import EventStore, Projection, Projector, Service, run_projectors
-from estafeta._clock import warn_if_moved
-from estafeta._projection_ops import projection_status, rebuild
+from estafeta.app.clock import warn_if_moved
+from estafeta.events.projection_ops import projection_status, rebuild
 from sql import projection_store
 
 from .context import current

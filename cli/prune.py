@@ -6,7 +6,7 @@ import json
 
 import click
 
-from estafeta._retention import Retention, prune
+from estafeta.operations.retention import Retention, prune
 
 from .context import current
 

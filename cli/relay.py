@@ -9,9 +9,9 @@ import threading
 import click
 
 from estafeta import build_relay
-from estafeta._clock import warn_if_moved
-from estafeta._middleware import embedded_notice
-from estafeta._relaying import close_relay, run_lanes
+from estafeta.app.clock import warn_if_moved
+from estafeta.app.middleware import embedded_notice
+from estafeta.messaging.relaying import close_relay, run_lanes
 
 from .context import current
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from estafeta import Saga, SagaState, SagaStep
-from estafeta._messages import from_json
+from estafeta.messaging.messages import from_json
 from sql.sagas import LogEntry, SagaRow
 
 #: The detail the engine writes when a compensation is answered (``place_order undone``), or a step

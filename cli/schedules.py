@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from estafeta import Schedule, Scheduler
-from estafeta._schedule_spec import DeclaredOtherwise
+from estafeta.schedules.spec import DeclaredOtherwise
 
 from .context import current
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 import click
 
-from estafeta._clock import warn_if_moved
+from estafeta.app.clock import warn_if_moved
 
 from .context import AppContext, current
 

@@ -23,6 +23,48 @@ The names below are the public API; every module under ``estafeta`` is private b
 
 from __future__ import annotations
 
+from estafeta.app.app import App, Service, load_app
+from estafeta.app.binding import Binding
+from estafeta.app.clock import Clock
+from estafeta.app.errors import BusinessFailure, InvalidMessage, NoTransaction, RoutingError, SettingsError
+from estafeta.app.in_process import running
+from estafeta.app.runtime import Runtime
+from estafeta.app.settings import Settings
+from estafeta.events.aggregates import Aggregate, Repository, StreamNotFound, applies
+from estafeta.events.event_types import EventDecodeError, EventRegistry, EventRegistryError
+from estafeta.events.projections import OnBadEvent, Projection, ProjectionContext, Projector, handles
+from estafeta.events.projector_run import run_projectors
+from estafeta.events.store import (
+    ANY,
+    NO_STREAM,
+    ConcurrencyConflict,
+    EventMetadata,
+    EventStore,
+    RecordedEvent,
+    StreamAppend,
+)
+from estafeta.idempotency.keys import (
+    Idempotency,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    IdempotentRequest,
+    parse_idempotency_key,
+)
+from estafeta.idempotency.problem import PROBLEM_JSON, HttpResponse, Problem
+from estafeta.locks.redis_lease import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
+from estafeta.messaging.messages import from_json, to_json
+from estafeta.messaging.outbox import Address, cancel, reschedule
+from estafeta.messaging.relaying import build_relay
+from estafeta.sagas.model import NOTHING_TO_UNDO, SagaError, SagaNotFound, SagaState, SagaStep
+from estafeta.sagas.saga import Saga, SagaTransition
+from estafeta.sagas.watchdog import Watchdog
+from estafeta.schedules.scheduler import Scheduler
+from estafeta.schedules.spec import CatchUp, Overlap, Schedule
+from estafeta.steps.delivery import Outcome, Reply, StepContext, deliver
+from estafeta.steps.spec import StepSpec
+from estafeta.steps.step_events import StepEvents
 from sql.errors import (
     DatabaseError,
     DatabaseUnavailable,
@@ -35,41 +77,6 @@ from sql.errors import (
     StatementFailed,
 )
 from sql.plan import Fetch, Statement
-
-from ._aggregates import Aggregate, Repository, StreamNotFound, applies
-from ._app import App, Service, load_app
-from ._binding import Binding
-from ._clock import Clock
-from ._errors import BusinessFailure, InvalidMessage, NoTransaction, RoutingError, SettingsError
-from ._event_types import EventDecodeError, EventRegistry, EventRegistryError
-from ._events import ANY, NO_STREAM, ConcurrencyConflict, EventMetadata, EventStore, RecordedEvent, StreamAppend
-from ._idempotency import (
-    Idempotency,
-    IdempotencyKeyInFlight,
-    IdempotencyKeyInvalid,
-    IdempotencyKeyMissing,
-    IdempotencyKeyReused,
-    IdempotentRequest,
-    parse_idempotency_key,
-)
-from ._messages import from_json, to_json
-from ._outbox import Address, cancel, reschedule
-from ._problem import PROBLEM_JSON, HttpResponse, Problem
-from ._projections import OnBadEvent, Projection, ProjectionContext, Projector, handles
-from ._projector_run import run_projectors
-from ._redis_lock import LockLost, LockServerUnavailable, RedisLock, Redlock, redis_lock
-from ._relaying import build_relay
-from ._runtime import Runtime
-from ._saga import Saga, SagaTransition
-from ._saga_model import NOTHING_TO_UNDO, SagaError, SagaNotFound, SagaState, SagaStep
-from ._schedule_spec import CatchUp, Overlap, Schedule
-from ._scheduler import Scheduler
-from ._settings import Settings
-from ._step_events import StepEvents
-from ._step_spec import StepSpec
-from ._steps import Outcome, Reply, StepContext, deliver
-from ._testing import running
-from ._watchdog import Watchdog
 
 #: The version: its one source (``pyproject.toml`` reads it; ``estafeta --version`` prints it).
 __version__ = "0.2.0"

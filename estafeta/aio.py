@@ -26,18 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from estafeta.app.errors import require_transaction
+from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
+from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step, boundary_async
+from estafeta.idempotency.problem import HttpResponse
+from estafeta.messaging import outbox as outbox
 from sql import outbox as store
 from sql.plan import NeedsSyncConnection, run_async
 
-from . import _outbox as outbox
-from ._errors import require_transaction
-from ._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
-from ._idempotency import Idempotency, IdempotentRequest, Step, boundary_async
-from ._problem import HttpResponse
-
 if TYPE_CHECKING:
-    from ._app import Service
-    from ._saga import Saga
+    from estafeta.app.app import Service
+    from estafeta.sagas.saga import Saga
 
 __all__ = [
     "AsyncHandler",

@@ -35,19 +35,18 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 
 from brokers.relay import Relay
+from estafeta.app.app import App, load_app
+from estafeta.app.clock import Clock
+from estafeta.app.runtime import Runtime
+from estafeta.app.settings import Settings
+from estafeta.messaging import handoff as handoff
+from estafeta.messaging.relaying import build_relay
+from estafeta.sagas.saga import Saga
+from estafeta.sagas.watchdog import Watchdog
+from estafeta.schedules.scheduler import Scheduler
+from estafeta.steps.delivery import deliver
 from sql import sagas as saga_store
 from sql.scratch import scratch_database, wipe
-
-from . import _handoff as handoff
-from ._app import App, load_app
-from ._clock import Clock
-from ._relaying import build_relay
-from ._runtime import Runtime
-from ._saga import Saga
-from ._scheduler import Scheduler
-from ._settings import Settings
-from ._steps import deliver
-from ._watchdog import Watchdog
 
 __all__ = ["TEST_SETTINGS", "AppUnderTest", "Passes", "VirtualClock"]
 

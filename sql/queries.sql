@@ -3,7 +3,7 @@
 
 -- insert_outbox --
 -- The row, and the NOTIFY that wakes the relays at commit, in one statement; none when the
--- transaction or session set estafeta.wakeup to 'poll' or 'after-commit' (estafeta/_wakeups.py).
+-- transaction or session set estafeta.wakeup to 'poll' or 'after-commit' (estafeta/messaging/wakeups.py).
 WITH inserted AS (
     INSERT INTO {schema}.outbox
         (message_id, queue_name, actor_name, message, ordering_key, saga_id, available_at, message_type)
@@ -16,7 +16,7 @@ SELECT pg_notify(%(channel)s, %(schema_name)s) FROM inserted
 WHERE coalesce(current_setting('estafeta.wakeup', true), '') NOT IN ('poll', 'after-commit')
 
 -- insert_outbox_handoff --
--- insert_outbox for a row a step hands straight to the next step (estafeta/_handoff.py):
+-- insert_outbox for a row a step hands straight to the next step (estafeta/messaging/handoff.py):
 -- leased, attempts -1 and due only when the lease ends, so no relay claims it meanwhile
 -- (the next step's transaction deletes it, claim_handoff) and, not being a delayed row,
 -- it holds back its key's later rows. A worker killed first leaves it to the relays once
@@ -203,7 +203,7 @@ WHERE id = (SELECT id FROM {schema}.outbox WHERE message_id = %(message_id)s FOR
 RETURNING id
 
 -- claim_handoff --
--- The row a step hands to the next step in its worker thread (estafeta/_handoff.py), deleted
+-- The row a step hands to the next step in its worker thread (estafeta/messaging/handoff.py), deleted
 -- in that step's transaction, which holds it until it ends: relays skip it (SKIP LOCKED, as
 -- for cancel_outbox), and its key's later rows are not heads while it exists. Only a leased
 -- row (insert_outbox_handoff) or a due one never attempted, that no relay holds and no older
@@ -335,7 +335,7 @@ ON CONFLICT DO NOTHING
 -- counted nothing (the volatile subquery is evaluated before the insert can wait).
 -- Unless %(alone)s, a delivery beyond the copies Dramatiq sent (%(copies)s: its retries + 1)
 -- is not counted and no row comes back: an earlier delivery died unfinished, and this one
--- is a suspect, counted when it runs alone in its process (estafeta._steps._beside_or_alone), so that
+-- is a suspect, counted when it runs alone in its process (estafeta.steps.delivery._beside_or_alone), so that
 -- a message in flight beside the one that killed the process is not blamed for the kill.
 -- The delivery counted is unfinished until it commits (the row is deleted) or its step
 -- raises (end_attempt): if the previous one still is, it died with its process, and deaths
@@ -368,7 +368,7 @@ WHERE (consumer, message_id) IN (
 -- The step's inbox record, and its delivery count dropped in the same statement: both
 -- commit with the step's work, or neither (a rolled-back delivery keeps its count).
 -- Here and in the next two, the transaction's wake-up policy is set first
--- (estafeta._wakeups: %(wakeup)s is 'after-commit', or NULL to leave the session's): one
+-- (estafeta.messaging.wakeups: %(wakeup)s is 'after-commit', or NULL to leave the session's): one
 -- statement fewer in the step's first pipeline.
 WITH settings AS MATERIALIZED (
     SELECT set_config('estafeta.wakeup', coalesce(%(wakeup)s::text, current_setting('estafeta.wakeup', true), ''), true)
@@ -382,7 +382,7 @@ ON CONFLICT DO NOTHING
 
 -- record_inbox_first_delivery --
 -- record_inbox_forgetting_attempts for a delivery that was not counted (a first delivery
--- on RabbitMQ, see estafeta._steps._uncounted): the count's statement was what waited for a
+-- on RabbitMQ, see estafeta.steps.delivery._uncounted): the count's statement was what waited for a
 -- delivery of the same message still in flight, at most lock_timeout, so this one does:
 -- lock_timeout is set for the insert only, and set back once it has its row (a row comes
 -- back for a new message, none for a duplicate, whose transaction ends at once).
@@ -408,7 +408,7 @@ SELECT set_config('lock_timeout', settings.previous, true) FROM settings, record
 -- holds the key. lock_timeout is set first (a materialized CTE the insert reads): it
 -- bounds the wait on a delivery of the same message still in flight (its uncommitted
 -- inbox row) and then the lock's, and stays set for the step's own row locks. The lock is
--- PostgresLocks.statement's (estafeta/_locks.py): the same hash of the same key.
+-- PostgresLocks.statement's (estafeta/locks/step_locks.py): the same hash of the same key.
 WITH settings AS MATERIALIZED (
     SELECT set_config('lock_timeout', %(lock_timeout)s, true),
            set_config('estafeta.wakeup', coalesce(%(wakeup)s::text, current_setting('estafeta.wakeup', true), ''), true)

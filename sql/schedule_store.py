@@ -1,7 +1,7 @@
 """The schedules table of a service schema (``migrations/_schedules``): its rows and named queries.
 
 The queries live in ``schedules.sql``; this module runs them. Deciding which ticks to fire
-is the runtime's (:mod:`estafeta._scheduler`); the row lock that makes one process fire
+is the runtime's (:mod:`estafeta.schedules.scheduler`); the row lock that makes one process fire
 each tick is taken here (:func:`claim_due`).
 """
 

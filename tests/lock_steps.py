@@ -19,7 +19,7 @@ import attrs
 import psycopg
 
 from estafeta import BusinessFailure, StepContext
-from estafeta._locks import HeldLock, RedisLocks
+from estafeta.locks.step_locks import HeldLock, RedisLocks
 
 from .probe import SERVICE
 

@@ -18,7 +18,7 @@ from actors import pingpong
 from brokers.metrics import ClockCollector
 from brokers.relay import Outbox, Relay
 from estafeta import Clock, Runtime, running
-from estafeta._clock import warn_if_moved
+from estafeta.app.clock import warn_if_moved
 from sql import clock as sql_clock
 from sql import idempotency, inbox, queries
 from sql import outbox as store

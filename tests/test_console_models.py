@@ -24,7 +24,7 @@ from actors.order_saga import ORDER_SAGA
 from cli import console_data, saga_labels
 from cli.web import WebOptions, create_app
 from estafeta import Projector, Runtime
-from estafeta._projection_ops import observe_batch
+from estafeta.events.projection_ops import observe_batch
 from sql import projection_store
 
 from .integration.processes import service_env

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from estafeta import App, Runtime, Service, Settings, StepContext
-from estafeta._steps import Outcome, deliver
+from estafeta.steps.delivery import Outcome, deliver
 from examples.shelf import ItemAdded, Restock
 from sql import inbox
 

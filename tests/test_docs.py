@@ -39,7 +39,7 @@ def reference() -> ModuleType:
 
 def test_every_setting_has_a_meaning() -> None:
     undocumented = [s.variable for s in reference().settings() if not s.meaning.strip()]
-    assert not undocumented, f"settings without a #: comment in estafeta/_settings.py: {undocumented}"
+    assert not undocumented, f"settings without a #: comment in estafeta/app/settings.py: {undocumented}"
 
 
 def test_the_settings_table_lists_every_field_under_the_variable_that_sets_it() -> None:

@@ -26,9 +26,9 @@ from brokers.relay import Relay
 from cli.demo import DuplicatingPublisher
 from cli.seed import plan_orders
 from estafeta import Runtime, Settings, Watchdog
-from estafeta import _handoff as handoff
-from estafeta._clock import Clock
-from estafeta._steps import Outcome, deliver
+from estafeta.app.clock import Clock
+from estafeta.messaging import handoff as handoff
+from estafeta.steps.delivery import Outcome, deliver
 from estafeta.testing import TEST_SETTINGS
 from sql.outbox import WAKE_CHANNEL
 

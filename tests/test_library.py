@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import estafeta
-from estafeta._middleware import STUB_REFUSAL
+from estafeta.app.middleware import STUB_REFUSAL
 
 from .integration.processes import BIN, ROOT, service_env
 from .services import scratch_database
@@ -42,7 +42,7 @@ def test_importing_every_module_of_estafeta_sets_no_broker_and_reads_no_environm
     import json
 
     found = json.loads(result.stdout)
-    assert "estafeta._app" in found["modules"] and "estafeta._steps" in found["modules"]
+    assert "estafeta.app.app" in found["modules"] and "estafeta.steps.delivery" in found["modules"]
     assert found["broker"] == "None"
     assert found["apps"] == []
 

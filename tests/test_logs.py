@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from estafeta import Outcome, Runtime, deliver
-from estafeta import _logs as logs
-from estafeta._messages import new_traceparent
+from estafeta.messaging.messages import new_traceparent
+from estafeta.observability import logs as logs
 
 from .app import STEPS
 from .helpers import message_for
@@ -62,10 +62,10 @@ def test_lines_logged_while_a_message_is_processed_carry_its_ids_and_never_its_p
     if log_format == "json":
         record = json.loads(warning)
         assert {key: record[key] for key in expected} == expected
-        assert record["level"] == "WARNING" and record["logger"] == "estafeta._steps"
+        assert record["level"] == "WARNING" and record["logger"] == "estafeta.steps.delivery"
         assert not set(expected) & set(json.loads(after))
     else:
-        assert warning.startswith("[estafeta._steps] [WARNING] probe.test_refuse: business failure")
+        assert warning.startswith("[estafeta.steps.delivery] [WARNING] probe.test_refuse: business failure")
         assert warning.endswith("[" + " ".join(f"{k}={v}" for k, v in expected.items()) + "]")
         assert after == "[an.app] [INFO] after the delivery"
     assert str(ping_id) not in stream.getvalue()  # the payload's id: never logged

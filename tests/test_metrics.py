@@ -16,7 +16,7 @@ from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Pong
 from brokers.relay import Outbox
 from estafeta import Clock, Outcome, Runtime, Watchdog, deliver
-from estafeta._table_metrics import SagaKind, TablesCollector
+from estafeta.observability.table_metrics import SagaKind, TablesCollector
 
 from .app import STEPS
 from .helpers import message_for

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from actors import order_events, payments
 from estafeta import Projection, Projector
-from estafeta._projection_ops import refresh_lag
+from estafeta.events.projection_ops import refresh_lag
 
 from .integration.processes import estafeta, service_env
 from .pg_servers import private_postgres

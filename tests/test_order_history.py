@@ -16,7 +16,7 @@ from actors.order_events import STORE, PaymentCharged, stream_id
 from actors.order_history import OrderSummary, OrderView, record_transition
 from actors.order_saga import ORDER_SAGA, OrderData, reconcile
 from estafeta import Clock, Projector, Runtime, SagaTransition, Watchdog, from_json
-from estafeta._projection_ops import rebuild
+from estafeta.events.projection_ops import rebuild
 from estafeta.testing import VirtualClock
 from sql import event_store
 

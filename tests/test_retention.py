@@ -19,7 +19,7 @@ from dramatiq.brokers.stub import StubBroker
 
 from actors.pingpong import Ping
 from estafeta import Runtime, Settings, SettingsError, StaleFencingToken, deliver
-from estafeta._retention import Retention, prune
+from estafeta.operations.retention import Retention, prune
 from sql import fences
 from tests.app import STEPS
 from tests.app import app as tests_app

@@ -155,7 +155,7 @@ def test_branches_that_name_no_other_step_are_refused_when_declared(steps: list[
 
 
 def test_a_choice_outside_the_declared_branches_stops_the_saga_with_the_reason() -> None:
-    from estafeta._saga_model import SagaState, SagaStuck, following
+    from estafeta.sagas.model import SagaState, SagaStuck, following
 
     steps = [
         SagaStep("a", _command, then=lambda s: s.data["next"], branches=("b", None)),

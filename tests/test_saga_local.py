@@ -17,9 +17,9 @@ from actors import orders, pingpong
 from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Pong
 from estafeta import Clock, Runtime, StepContext, Watchdog
-from estafeta import _outbox as outbox
-from estafeta._local_steps import LocalOutcome, run_local, runs_local
-from estafeta._steps import Outcome
+from estafeta.messaging import outbox as outbox
+from estafeta.sagas.local_steps import LocalOutcome, run_local, runs_local
+from estafeta.steps.delivery import Outcome
 from estafeta.testing import VirtualClock
 
 from . import steps

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from estafeta import CatchUp, Overlap, Runtime, Schedule, Scheduler
-from estafeta._schedule_spec import Cron, Every
+from estafeta.schedules.spec import Cron, Every
 from estafeta.testing import AppUnderTest
 from sql import schedule_store
 

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from estafeta import CatchUp, Overlap, Runtime, Schedule, Scheduler
-from estafeta._schedule_spec import Cron, Every, timing_of
+from estafeta.schedules.spec import Cron, Every, timing_of
 from estafeta.testing import AppUnderTest, VirtualClock
 from sql import schedule_store
 

@@ -14,8 +14,8 @@ from prometheus_client import REGISTRY
 
 from actors.pingpong import Ping
 from estafeta import Runtime, deliver
-from estafeta import _step_tx as step_tx
-from estafeta._alone import DELIVERIES, Gate
+from estafeta.steps import transaction as step_tx
+from estafeta.steps.alone import DELIVERIES, Gate
 from sql import inbox
 from tests.app import STEPS
 

@@ -24,8 +24,8 @@ from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Ping
 from cli.orders import _place
 from estafeta import Outcome, Runtime, Watchdog, deliver
-from estafeta import _tracing as tracing
-from estafeta._messages import new_traceparent
+from estafeta.messaging.messages import new_traceparent
+from estafeta.observability import tracing as tracing
 from tests.probe import SERVICE as probe
 
 from . import spans
@@ -179,7 +179,7 @@ def test_a_replay_starts_a_new_trace_linked_to_the_original(runtime: Runtime, co
 
 
 def test_a_dead_letter_replay_is_a_new_trace_linked_to_where_the_message_was_created(runtime: Runtime, conn) -> None:
-    from estafeta._dead_letters import replay
+    from estafeta.operations.dead_letters import replay
     from tests.app import app as tests_app
 
     from .lock_steps import open_account

@@ -18,7 +18,7 @@ from psycopg import conninfo
 
 from brokers.relay import Outbox
 from estafeta import Runtime
-from estafeta._table_metrics import TablesCollector
+from estafeta.observability.table_metrics import TablesCollector
 from sql.pool import Database
 
 Gauges = dict[tuple[str, tuple[str, ...]], float]

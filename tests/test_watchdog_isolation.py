@@ -32,7 +32,7 @@ from estafeta import (
     Watchdog,
     deliver,
 )
-from estafeta._watchdog import WATCHDOG_ERRORS
+from estafeta.sagas.watchdog import WATCHDOG_ERRORS
 from sql import sagas
 from sql.errors import StatementFailed
 from sql.pool import Database, connect

@@ -1,4 +1,4 @@
-"""Deliveries that die with their process are counted apart from deliveries that fail (``estafeta._worker_deaths``)."""
+"""Deliveries that die with their process are counted apart from those that fail (``estafeta.steps.worker_deaths``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from estafeta import Runtime, deliver
-from estafeta._dead_letters import cause_of
+from estafeta.operations.dead_letters import cause_of
 from sql import inbox
 from tests.app import STEPS
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from estafeta import CatchUp, Overlap, Runtime, Schedule, Scheduler, Settings
-from estafeta._schedule_spec import Every
+from estafeta.schedules.spec import Every
 
 from .ticker import SERVICE
 

@@ -116,7 +116,7 @@ def _default(field: Any) -> str:
 
 def settings() -> list[SettingDoc]:
     """Every field of ``Settings`` and the two variables the CLI reads, in declaration order."""
-    from estafeta import _settings
+    from estafeta.app import settings as _settings
 
     comments = doc_comments(inspect.getsource(_settings))
     rows = [

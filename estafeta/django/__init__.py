@@ -38,22 +38,21 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.transaction import TransactionManagementError
 
+from estafeta.app import errors as _errors
+from estafeta.app.runtime import StepConnections
+from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
+from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step
+from estafeta.idempotency.problem import HttpResponse
 from sql import plan
 from sql.errors import EstafetaError
 from sql.pool import Database
-
-from .. import _errors
-from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
-from .._idempotency import Idempotency, IdempotentRequest, Step
-from .._problem import HttpResponse
-from .._runtime import StepConnections
 
 logger = logging.getLogger(__name__)
 _warned_max_age: set[str] = set()
 
 if TYPE_CHECKING:
-    from .._app import Service
-    from .._saga import Saga
+    from estafeta.app.app import Service
+    from estafeta.sagas.saga import Saga
 
 __all__ = [
     "CloseConnections",

@@ -30,18 +30,18 @@ import sqlalchemy.exc
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from estafeta.app import errors as _errors
+from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
+from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step
+from estafeta.idempotency.problem import HttpResponse
 from sql import plan
 from sql.errors import EstafetaError
 
-from .. import _errors
-from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
-from .._idempotency import Idempotency, IdempotentRequest, Step
-from .._problem import HttpResponse
 from ._step_session import Lent, SessionRolledBack, session
 
 if TYPE_CHECKING:
-    from .._app import Service
-    from .._saga import Saga
+    from estafeta.app.app import Service
+    from estafeta.sagas.saga import Saga
 
 __all__ = [
     "NoTransaction",

@@ -24,9 +24,8 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from estafeta.steps.delivery import StepContext
 from sql.errors import EstafetaError
-
-from .._steps import StepContext
 
 _RESOURCE = "estafeta.sqlalchemy.session"
 _lending: contextvars.ContextVar[Lent | None] = contextvars.ContextVar("estafeta_sqlalchemy_lending", default=None)

@@ -23,17 +23,17 @@ import psycopg
 import sqlalchemy.exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
+from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step
+from estafeta.idempotency.problem import HttpResponse
 from sql import plan
 
 from .. import aio
-from .._events import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
-from .._idempotency import Idempotency, IdempotentRequest, Step
-from .._problem import HttpResponse
 from . import NoTransaction, checked
 
 if TYPE_CHECKING:
-    from .._app import Service
-    from .._saga import Saga
+    from estafeta.app.app import Service
+    from estafeta.sagas.saga import Saga
 
 __all__ = ["AsyncSessionHandler", "append_events", "connection", "publish", "run_idempotent", "send", "start_saga"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from estafeta import Runtime, deliver
-from estafeta._dead_letters import groups
+from estafeta.operations.dead_letters import groups
 from tests.app import STEPS
 
 from ..helpers import message_for, scalar, wait_until

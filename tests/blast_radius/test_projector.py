@@ -22,10 +22,10 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
 
-from estafeta._events import EventStore
-from estafeta._projection_ops import projection_status
-from estafeta._projections import Projector
-from estafeta._projector_run import run_projector, run_projectors
+from estafeta.events.projection_ops import projection_status
+from estafeta.events.projections import Projector
+from estafeta.events.projector_run import run_projector, run_projectors
+from estafeta.events.store import EventStore
 
 from ..events.support import migrate_events
 from ..events.test_projections import Lenient, deposit

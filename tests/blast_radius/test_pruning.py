@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from estafeta import Runtime
-from estafeta._retention import PruneReport, Retention, prune
+from estafeta.operations.retention import PruneReport, Retention, prune
 from tests.app import app as tests_app
 
 from ..helpers import scalar

@@ -19,7 +19,7 @@ require_eventsourcing()
 
 from eventsourcing.persistence import StoredEvent  # noqa: E402
 
-from estafeta._es_store import data_to_state, state_to_data  # noqa: E402
+from estafeta.events.es_store import data_to_state, state_to_data  # noqa: E402
 from estafeta.eventsourcing import EstafetaApplicationRecorder, Factory  # noqa: E402
 
 

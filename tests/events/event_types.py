@@ -6,8 +6,8 @@ from typing import Any
 
 import attrs
 
-from estafeta._aggregates import Aggregate, applies
-from estafeta._event_types import EventRegistry
+from estafeta.events.aggregates import Aggregate, applies
+from estafeta.events.event_types import EventRegistry
 
 registry = EventRegistry()
 

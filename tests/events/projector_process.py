@@ -10,9 +10,9 @@ import sys
 import threading
 from typing import ClassVar
 
-from estafeta._events import EventStore
-from estafeta._projections import Projector
-from estafeta._projector_run import run_projector
+from estafeta.events.projections import Projector
+from estafeta.events.projector_run import run_projector
+from estafeta.events.store import EventStore
 
 from .workload import Totals, registry, totals_ddl
 

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from estafeta._aggregates import NoApplyFor, Repository, StreamNotFound
-from estafeta._events import ConcurrencyConflict, EventStore
+from estafeta.events.aggregates import NoApplyFor, Repository, StreamNotFound
+from estafeta.events.store import ConcurrencyConflict, EventStore
 
 from .event_types import Order, OrderConfirmed, OrderCreated, registry
 from .support import EventSchema

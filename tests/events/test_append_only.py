@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from estafeta._events import EventStore
+from estafeta.events.store import EventStore
 
 from .event_types import OrderCreated, PaymentReceived, registry
 from .support import EventSchema

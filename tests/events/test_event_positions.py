@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from estafeta._events import EventStore
+from estafeta.events.store import EventStore
 from sql import embedded, event_store
 
 from .event_types import OrderCreated, registry

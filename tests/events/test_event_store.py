@@ -13,8 +13,8 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from estafeta._event_types import EventRegistry, EventRegistryError
-from estafeta._events import (
+from estafeta.events.event_types import EventRegistry, EventRegistryError
+from estafeta.events.store import (
     ANY,
     NO_STREAM,
     ConcurrencyConflict,

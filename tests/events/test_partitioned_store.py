@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from estafeta._events import NO_STREAM, ConcurrencyConflict, EventStore, ExpectedVersion
+from estafeta.events.store import NO_STREAM, ConcurrencyConflict, EventStore, ExpectedVersion
 from sql import migrate
 
 from .event_types import OrderConfirmed, OrderCreated, PaymentReceived, registry

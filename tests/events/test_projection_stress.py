@@ -18,9 +18,9 @@ import attrs
 import psycopg
 import pytest
 
-from estafeta._events import EventStore
-from estafeta._projections import Projector
-from estafeta._projector_run import run_projector
+from estafeta.events.projections import Projector
+from estafeta.events.projector_run import run_projector
+from estafeta.events.store import EventStore
 from sql import event_store
 from sql.event_store import StoredEvent
 

@@ -13,10 +13,10 @@ from prometheus_client import REGISTRY
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from estafeta._events import EventStore, RecordedEvent
-from estafeta._projection_ops import projection_status
-from estafeta._projections import OnBadEvent, Projection, ProjectionContext, Projector
-from estafeta._projector_run import run_projector
+from estafeta.events.projection_ops import projection_status
+from estafeta.events.projections import OnBadEvent, Projection, ProjectionContext, Projector
+from estafeta.events.projector_run import run_projector
+from estafeta.events.store import EventStore, RecordedEvent
 from sql import event_store, projection_store
 
 from ..helpers import wait_until

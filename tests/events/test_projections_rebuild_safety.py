@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from estafeta._events import EventStore
-from estafeta._projection_ops import RebuildError, projection_status, rebuild
-from estafeta._projections import Projector, rebuild_schema
+from estafeta.events.projection_ops import RebuildError, projection_status, rebuild
+from estafeta.events.projections import Projector, rebuild_schema
+from estafeta.events.store import EventStore
 from sql import event_store
 
 from ..helpers import wait_until
@@ -134,7 +134,7 @@ def test_a_rolled_back_switch_over_attempt_is_not_counted(
     catch_up(conn, live)
     reader = event_schema.connect(autocommit=False)
     handler = ReleaseAfterFirstAttempt(reader)
-    ops_logger = logging.getLogger("estafeta._projection_ops")
+    ops_logger = logging.getLogger("estafeta.events.projection_ops")
     ops_logger.addHandler(handler)
 
     def late_events_and_a_reader(done: int, total: int) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from estafeta._events import EventStore
-from estafeta._projection_ops import projection_status
+from estafeta.events.projection_ops import projection_status
+from estafeta.events.store import EventStore
 
 from ..helpers import wait_until
 from .support import EventSchema

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from estafeta._events import EventStore
-from estafeta._projection_ops import RebuildError, projection_status, rebuild
-from estafeta._projections import Projector
-from estafeta._projector_run import run_projector
+from estafeta.events.projection_ops import RebuildError, projection_status, rebuild
+from estafeta.events.projections import Projector
+from estafeta.events.projector_run import run_projector
+from estafeta.events.store import EventStore
 
 from ..helpers import wait_until
 from .support import EventSchema

@@ -19,9 +19,9 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from estafeta._event_types import EventRegistry
-from estafeta._events import ANY, ConcurrencyConflict, EventStore, RecordedEvent
-from estafeta._projections import Projection, ProjectionContext, handles
+from estafeta.events.event_types import EventRegistry
+from estafeta.events.projections import Projection, ProjectionContext, handles
+from estafeta.events.store import ANY, ConcurrencyConflict, EventStore, RecordedEvent
 
 registry = EventRegistry()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from actors.pingpong import SERVICE as pingpong
-from estafeta._worker_metrics import command_id, sweep
+from estafeta.observability.worker_metrics import command_id, sweep
 
 from ..helpers import scalar, wait_until
 from . import processes

@@ -1,4 +1,4 @@
--- The wake-up policy (ESTAFETA_WAKEUP, estafeta/_wakeups.py): a transaction or session that set
+-- The wake-up policy (ESTAFETA_WAKEUP, estafeta/messaging/wakeups.py): a transaction or session that set
 -- estafeta.wakeup to 'poll' or 'after-commit' appends without a NOTIFY at commit (PostgreSQL
 -- serialises the commits of notifying transactions); 'after-commit' steps wake the projectors
 -- from a side connection once committed, 'poll' leaves them to their poll. Unset, as before.

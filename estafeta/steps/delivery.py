@@ -1,0 +1,650 @@
+"""Steps: a Dramatiq actor whose every message is one PostgreSQL transaction (``Service.step``).
+
+In that transaction, in this order: the inbox record (a duplicate stops here, changing
+nothing and taking no lock), the lock on the step's key, the step's own change, the messages it sends
+(outbox rows) and its answer to a saga. The transaction runs *inside* the actor
+function, not in middleware hooks: a failed commit is a failed message, which Dramatiq
+retries, never an acknowledged one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import dramatiq
+import psycopg
+from dramatiq.middleware import CurrentMessage
+
+from estafeta.app.errors import BusinessFailure, InvalidMessage, RoutingError
+from estafeta.app.runtime import Runtime
+from estafeta.events.store import ConcurrencyConflict, EventMetadata, EventStore
+from estafeta.locks.step_locks import HeldLock, PostgresLocks
+from estafeta.messaging import handoff as handoff
+from estafeta.messaging import outbox as outbox
+from estafeta.messaging.messages import from_json, to_json
+from estafeta.observability import delivery as observe
+from estafeta.observability import metrics as metrics
+from estafeta.steps import transaction as step_tx
+from estafeta.steps import worker_deaths as worker_deaths
+from estafeta.steps.alone import DELIVERIES
+from estafeta.steps.spec import Router, StepSpec
+from estafeta.steps.step_events import StepEvents
+from sql import inbox
+from sql.errors import LockNotAcquired
+from sql.pool import Database, translate_errors
+
+logger = logging.getLogger(__name__)
+
+#: Message option naming where a step sends its :class:`Reply`:
+#: ``{"actor": ..., "queue": ..., "context": {...}, "ordering_key": ...}``.
+REPLY_TO = "reply_to"
+
+#: First retry delay after a :class:`ConcurrencyConflict`, in milliseconds (doubling per retry).
+_CONFLICT_BACKOFF_MS = 20
+
+
+@attrs.frozen
+class Reply:
+    """A step's answer to the saga (or any sender) that asked for one with ``reply_to``."""
+
+    #: The message id of the command answered.
+    in_reply_to: str
+    #: ``True`` if the step did its work; ``False`` for a business failure.
+    ok: bool
+    #: The sender's correlation data, returned untouched (saga id, step, version).
+    context: dict[str, Any]
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@attrs.define
+class StepContext:
+    """What a step's function gets besides its command."""
+
+    #: The connection of the step's transaction: write your service's tables through it.
+    conn: psycopg.Connection[Any]
+    #: The service whose schema and outbox this transaction uses.
+    service: str
+    #: The id of the message being processed (the inbox key).
+    message_id: uuid.UUID
+    #: The saga this message belongs to, if any.
+    saga_id: uuid.UUID | None
+    #: The message's Dramatiq options (``traceparent``, ``saga_id``, ``reply_to``...).
+    options: dict[str, Any]
+    #: The command as received, fields the command class does not know included.
+    payload: dict[str, Any]
+    #: Routes what the step sends: the app of the step's service.
+    router: Router
+    #: The lock held for the step's key, if it declared one.
+    lock: HeldLock | None = None
+    #: What :meth:`on_refusal` asked to write if the step refuses.
+    refusal_writes: list[Callable[[psycopg.Connection[Any]], object]] = attrs.field(factory=list)
+    #: The service's event store, if it has one (``Service.use_events``).
+    event_store: EventStore | None = None
+    #: What adapters keep for this delivery, by name (``estafeta.sqlalchemy.session``'s ORM session).
+    resources: dict[str, Any] = attrs.field(factory=dict)
+    #: What :meth:`before_commit` asked to run once the step's function has returned.
+    commit_hooks: list[Callable[[], object]] = attrs.field(factory=list)
+    #: The rows of the step's ``opening`` statement, run in its first round trip (``Service.step``).
+    opening: list[dict[str, Any]] | None = None
+    #: The runtime the step runs with (where a saga's local step finds the lock backend).
+    runtime: Runtime | None = attrs.field(default=None, repr=False)
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the step's lock (Redis locks), to store with guarded writes."""
+        return self.lock.token if self.lock else None
+
+    def on_refusal(self, write: Callable[[psycopg.Connection[Any]], object]) -> None:
+        """Run ``write(conn)`` in this transaction if the step ends refusing (raises a :class:`BusinessFailure`).
+
+        A refusal rolls back the step's own work; what ``write`` does is kept, with the
+        inbox record and the refusal's answer. Record the decision there (a refused
+        payment), so that any later attempt of the same business operation is refused
+        too: a command sent twice must not be refused once and done once.
+        """
+        self.refusal_writes.append(write)
+
+    def before_commit(self, hook: Callable[[], object]) -> None:
+        """Run ``hook()`` in this transaction once the step's function has returned, before its answer and commit.
+
+        An adapter flushes its unit of work there (an ORM session's pending changes); an
+        exception rolls the step back like one raised by the step. Not run when the step
+        refuses or fails.
+        """
+        self.commit_hooks.append(hook)
+
+    @property
+    def events(self) -> StepEvents:
+        """The service's event store in this step's transaction: append, load and save aggregates.
+
+        Events carry the message being processed (causation), the saga (correlation) and the
+        trace. A :class:`ConcurrencyConflict` rolls the step back and Dramatiq retries it.
+        """
+        if self.event_store is None:
+            raise RoutingError(f"service {self.service} has no event store: call {self.service}.use_events(registry)")
+        metadata = EventMetadata(
+            causation_id=str(self.message_id),
+            correlation_id=str(self.saga_id) if self.saga_id else None,
+            traceparent=self.options.get("traceparent"),
+        )
+        return StepEvents(self.conn, self.event_store, metadata)
+
+    def send(self, command: Any, **kwargs: Any) -> uuid.UUID:
+        """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
+        kwargs.setdefault("saga_id", self.saga_id)
+        kwargs.setdefault("traceparent", self.options.get("traceparent"))
+        return outbox.send(self.conn, command, service=self.service, router=self.router, **kwargs)
+
+    def publish(self, event: Any, **kwargs: Any) -> list[uuid.UUID]:
+        """Publish ``event`` to every subscribed step, in this transaction (see :func:`outbox.publish`)."""
+        kwargs.setdefault("saga_id", self.saga_id)
+        kwargs.setdefault("traceparent", self.options.get("traceparent"))
+        return outbox.publish(self.conn, event, service=self.service, router=self.router, **kwargs)
+
+
+def declare_actors(
+    broker: dramatiq.Broker, runtime: Runtime, specs: Iterable[StepSpec]
+) -> dict[str, dramatiq.Actor[..., None]]:
+    """Declare ``specs`` as actors on ``broker``, running with ``runtime``; return them by name.
+
+    Steps already declared on ``broker`` are left as they are (binding an app twice to one
+    broker declares nothing new).
+    """
+    if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
+        broker.add_middleware(CurrentMessage())
+    if not any(isinstance(m, handoff.WorkerQueues) and m.runtime is runtime for m in broker.middleware):
+        broker.add_middleware(handoff.WorkerQueues(runtime))
+    settings = runtime.settings
+    actors = {}
+    for spec in specs:
+        if spec.actor_name in broker.actors:
+            continue
+        options = {
+            "max_retries": settings.max_retries,
+            "min_backoff": settings.min_backoff_ms,
+            "max_backoff": settings.max_backoff_ms,
+            **spec.actor_options,
+        }
+        actors[spec.actor_name] = dramatiq.Actor(
+            _actor_body(spec, runtime),
+            broker=broker,
+            actor_name=spec.actor_name,
+            queue_name=spec.queue_name,
+            priority=0,
+            options=options,
+        )
+        runtime.steps_here[spec.actor_name] = spec
+    return actors
+
+
+def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
+    def body(*args: Any, **kwargs: Any) -> None:
+        message = CurrentMessage.get_current_message()
+        if message is None:
+            raise RuntimeError(f"{spec.actor_name} ran without the CurrentMessage middleware")
+        handoff.take()
+        try:
+            deliver(spec, runtime, message)
+        except ConcurrencyConflict as conflict:
+            # Expected under contention (two steps saved one stream), and over as soon as
+            # the other transaction ended: retried sooner than other errors (20 ms, doubling,
+            # jittered), and an INFO line in the log (as Dramatiq logs expected errors), not a traceback.
+            retries = int(message.options.get("retries", 0))
+            delay = min(runtime.settings.max_backoff_ms, _CONFLICT_BACKOFF_MS * 2**retries)
+            logger.info("%s: %s retried after a concurrency conflict: %s", spec.actor_name, message, conflict)
+            raise dramatiq.Retry(str(conflict), delay=int(delay * random.uniform(0.5, 1.0))) from conflict
+        _pass_on(runtime)
+
+    body.__name__ = spec.name
+    body.__qualname__ = spec.actor_name
+    body.__module__ = getattr(spec.fn, "__module__", __name__)
+    return body
+
+
+class Outcome(enum.StrEnum):
+    """What became of one delivery of a message to a step."""
+
+    #: The step's work committed (with its outbox rows and its answer).
+    OK = "ok"
+    #: The step refused for a business reason: its work rolled back, the refusal was answered.
+    FAILED = "failed"
+    #: The inbox already had the message: nothing happened.
+    DUPLICATE = "duplicate"
+    #: Parked in the service's dead letters with the reason; never retried.
+    DEAD_LETTERED = "dead_lettered"
+    #: A hand-off whose outbox row a relay had first (``estafeta.messaging.handoff``): nothing happened here.
+    RELAYED = "relayed"
+
+
+def _pass_on(runtime: Runtime) -> None:
+    """Run the hand-offs the delivery just done offered, at most ``ESTAFETA_HANDOFFS`` in a row (``messaging.handoff``).
+
+    A hand-off that fails, or finds an older row of its key still to go, is the relays'
+    again: its row is released and they are woken for it, as for one offered past the limit.
+    """
+    for _ in range(runtime.settings.handoffs):
+        baton = handoff.take()
+        if baton is None:
+            return
+        actor = baton.spec.actor_name
+        try:
+            outcome = deliver(baton.spec, runtime, baton.message, handoff_from=baton.schema)
+        except Exception as exc:
+            handoff.take()
+            logger.info(
+                "%s: hand-off of %s failed (%s: %s); a relay publishes it",
+                actor,
+                baton.message.message_id,
+                type(exc).__name__,
+                exc,
+            )
+            metrics.HANDOFFS.labels(actor, "failed").inc()
+            _to_the_relays(runtime, baton)
+            return
+        if outcome is Outcome.RELAYED:
+            metrics.HANDOFFS.labels(actor, "relayed").inc()
+            _to_the_relays(runtime, baton)
+            return
+        metrics.HANDOFFS.labels(actor, "done").inc()
+    baton = handoff.take()
+    if baton is not None:
+        _to_the_relays(runtime, baton)
+
+
+def _to_the_relays(runtime: Runtime, baton: handoff.Baton) -> None:
+    """Release a hand-off's row, due now, and wake the relays for it (a failure is logged: the lease ends anyway)."""
+    try:
+        handoff.release(baton)
+    except Exception as exc:
+        logger.warning(
+            "%s: could not release hand-off %s (%s); the relays take it when its lease ends",
+            baton.spec.actor_name,
+            baton.message.message_id,
+            exc,
+        )
+        return
+    if runtime.settings.wakeup != "poll":
+        runtime.wake_after_commit(baton.database, baton.schema)
+
+
+def deliver(
+    spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], *, handoff_from: str | None = None
+) -> Outcome:
+    """Process one delivery of ``message`` by ``spec``; return the outcome.
+
+    Any error other than a business failure is raised for Dramatiq to retry, except on the
+    last allowed attempt, when the message is dead-lettered with the error instead. Each
+    delivery is one ``process`` span (a child of the message's creation context), its log
+    lines carry the actor, message id, saga id and trace id, and its outcome is counted.
+    ``handoff_from``: ``message`` is a hand-off whose row waits in that schema's outbox
+    (``estafeta.messaging.handoff``).
+    """
+    with observe.delivery(spec.actor_name, message) as seen:
+        seen.outcome = _deliver(spec, runtime, message, seen, handoff_from)
+    return Outcome(seen.outcome)
+
+
+def _deliver(
+    spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any], seen: observe.Seen, handoff_from: str | None
+) -> Outcome:
+    database = runtime.database(spec.service)
+    raw = {"args": list(message.args), "kwargs": dict(message.kwargs), "options": dict(message.options)}
+    try:
+        message_id = uuid.UUID(str(message.message_id))
+    except ValueError:
+        return _park(spec, database, None, str(message.message_id), raw, "message id is not a UUID")
+    try:
+        command, payload = _decode(spec, message)
+    except InvalidMessage as exc:
+        return _park(spec, database, message_id, str(message_id), raw, str(exc))
+    try:
+        run = functools.partial(
+            _run, spec, runtime, database, message, message_id, command, payload, seen, handoff_from=handoff_from
+        )
+        outcome = _beside_or_alone(spec, message, message_id, run)
+    except _Overdelivered as over:
+        reason = f"delivered {over.attempts} times without finishing (does it kill its worker?)"
+        return _park(spec, database, message_id, str(message_id), raw, reason)
+    except worker_deaths.KilledItsWorker as killer:
+        return _park(spec, database, message_id, str(message_id), raw, killer.reason)
+    except Exception as exc:
+        seen.error = exc
+        if not _is_last_attempt(spec, runtime, message):
+            raise
+        reason = f"failed {seen.attempt} times, last: {type(exc).__name__}: {exc}"
+        try:
+            return _park(spec, database, message_id, str(message_id), raw, reason)
+        except Exception:
+            logger.exception("could not dead-letter %s %s; the broker will", spec.actor_name, message_id)
+            raise exc from None
+    return outcome
+
+
+class _Overdelivered(Exception):
+    def __init__(self, attempts: int) -> None:
+        super().__init__(f"delivered {attempts} times")
+        self.attempts = attempts
+
+
+def _decode(spec: StepSpec, message: dramatiq.Message[Any]) -> tuple[Any, dict[str, Any]]:
+    if message.kwargs or len(message.args) != 1:
+        raise InvalidMessage(
+            f"expected one JSON object argument, got {len(message.args)} args and {len(message.kwargs)} kwargs"
+        )
+    payload = message.args[0]
+    return from_json(spec.handles, payload), payload
+
+
+def _beside_or_alone(
+    spec: StepSpec, message: dramatiq.Message[Any], message_id: uuid.UUID, run: Callable[..., Outcome]
+) -> Outcome:
+    """``run`` the delivery beside the process's others, or alone if an earlier one died unfinished.
+
+    A kill is counted against every message in flight in the process it kills. So a message
+    whose earlier delivery died is a suspect, and runs alone (``estafeta.steps.alone``): killing
+    its process then, it is counted, and a message that was only beside the killer is not.
+    RabbitMQ says so up front (the ``redelivered`` flag); elsewhere the count does, having
+    more deliveries than Dramatiq sent copies (``_step_tx.begin``).
+    """
+    if getattr(message, "redelivered", None) is not True:
+        try:
+            with DELIVERIES.shared():
+                return run(alone=False)
+        except _Suspect:
+            pass
+    logger.info(
+        "%s: an earlier delivery of %s died unfinished: it runs alone in its process", spec.actor_name, message_id
+    )
+    metrics.ALONE.labels(spec.actor_name).inc()
+    with DELIVERIES.alone():
+        return run(alone=True)
+
+
+class _Suspect(Exception):
+    """A delivery that must run alone (``_step_tx.Opened.suspect``)."""
+
+
+def _run(
+    spec: StepSpec,
+    runtime: Runtime,
+    database: Database,
+    message: dramatiq.Message[Any],
+    message_id: uuid.UUID,
+    command: Any,
+    payload: dict[str, Any],
+    seen: observe.Seen,
+    *,
+    alone: bool,
+    handoff_from: str | None,
+) -> Outcome:
+    # A PostgreSQL lock is part of the first pipeline's inbox statement, taken only for a new
+    # message; a Redis lease is taken after it, for a new message too: a duplicate never
+    # waits for the lock. Either is released after the transaction has ended, whichever way.
+    in_transaction_lock = spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
+    with (
+        worker_deaths.ended_on_error(database, spec.service, spec.actor_name, message_id, uncounted=(_Suspect,)),
+        contextlib.ExitStack() as after_transaction,
+        runtime.step_connections(database) as conn,
+        translate_errors(database.description),
+        step_tx.rolled_back_on_error(conn),
+    ):
+        copies = int(message.options.get("retries", 0)) + 1
+        uncounted = step_tx.Uncounted(this_one=True) if handoff_from else _uncounted(message)
+        opened = _begin(
+            spec, runtime, conn, message_id, command, in_transaction_lock, uncounted, alone, copies, handoff_from
+        )
+        if opened.relayed:
+            conn.execute("ROLLBACK")
+            return Outcome.RELAYED
+        if opened.suspect:
+            raise _Suspect
+        seen.attempt = opened.attempts
+        worker_deaths.check(opened.deaths, runtime.settings.max_worker_deaths)
+        if opened.attempts > runtime.settings.max_deliveries:
+            raise _Overdelivered(opened.attempts)
+        if not opened.first:
+            step_tx.commit(conn)
+            logger.info("%s: duplicate delivery of %s absorbed", spec.actor_name, message_id)
+            return Outcome.DUPLICATE
+        # What the step sends rides with the commit (outbox.held_until_commit).
+        after_transaction.enter_context(outbox.held_until_commit(conn))
+        if in_transaction_lock:
+            assert isinstance(runtime.locks, PostgresLocks)
+            held: HeldLock | None = runtime.locks.held()
+        else:
+            held = _take_lock(spec, runtime, database, conn, command, after_transaction)
+        saga_id = message.options.get("saga_id")
+        ctx = StepContext(
+            conn=conn,
+            service=spec.service,
+            message_id=message_id,
+            saga_id=uuid.UUID(saga_id) if saga_id else None,
+            options=dict(message.options),
+            payload=payload,
+            router=spec.router,
+            lock=held,
+            event_store=getattr(spec.owner, "event_store", None),
+            opening=opened.opening,
+            runtime=runtime,
+        )
+        try:
+            result = spec.fn(ctx, command)
+            for hook in ctx.commit_hooks:
+                hook()
+        except BusinessFailure as failure:
+            # Back to the savepoint: the step's own work is undone, not the inbox record.
+            step_tx.roll_back_work(conn)
+            outbox.drop_held(conn)
+            outcome = Outcome.FAILED
+            for write in ctx.refusal_writes:
+                write(conn)
+            with step_tx.committing(conn):
+                _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+                baton = handoff.prepare(runtime, database, spec.service, conn)
+                outbox.write_held(conn)
+                _before_commit(held, conn)
+        else:
+            outcome = Outcome.OK
+            with step_tx.committing(conn):
+                _answer(ctx, spec, str(message_id), ok=True, result=result)
+                baton = handoff.prepare(runtime, database, spec.service, conn)
+                outbox.write_held(conn)
+                _before_commit(held, conn)
+        wrote = outbox.wrote(conn)
+    # The one message sent may go straight on (estafeta.messaging.handoff): no relay is woken for it,
+    # nor for a step that sent nothing (a saga's last transition, a step answering no one);
+    # rows written before the handed-off one (a cancel wrote them early) are the relays'.
+    handoff.offer(baton)
+    if runtime.wakes_after_commit:
+        relays = wrote and (baton is None or baton.wrote_before)
+        runtime.wake_after_commit(database, spec.service, relays=relays)
+    logger.debug("%s: %s processed (%s)", spec.actor_name, message_id, outcome)
+    return outcome
+
+
+def _begin(
+    spec: StepSpec,
+    runtime: Runtime,
+    conn: psycopg.Connection[Any],
+    message_id: uuid.UUID,
+    command: Any,
+    in_transaction_lock: bool,
+    uncounted: step_tx.Uncounted,
+    alone: bool,
+    copies: int,
+    handoff_from: str | None,
+) -> step_tx.Opened:
+    """Count the delivery and open the step's transaction (with its PostgreSQL lock); time the lock's wait.
+
+    A duplicate takes no lock (see ``step_tx.begin``): its round trip is not a lock wait.
+    The step's ``opening`` statement, if it gives one for ``command``, runs in the same round
+    trip, unless the step's lock is a Redis lock.
+    ``uncounted``: the deliveries no count holds (:func:`_uncounted`); ``alone`` and
+    ``copies``: when the count holds a suspect back; ``handoff_from``: the outbox of a
+    hand-off's row (``step_tx.begin``).
+    """
+    # A Redis lock is taken after this round trip: an opening run before it could lock a
+    # row that the lock's holder waits for. The function reads for itself (ctx.opening None).
+    opening = spec.opening(command) if spec.opening is not None and (spec.lock is None or in_transaction_lock) else None
+    if not in_transaction_lock:
+        timeout_ms = runtime.settings.lock_timeout_ms
+        return step_tx.begin(
+            conn,
+            spec.service,
+            spec.actor_name,
+            message_id,
+            None,
+            lock_timeout_ms=timeout_ms,
+            wake_after_commit=runtime.wakes_after_commit,
+            uncounted=uncounted,
+            alone=alone,
+            copies=copies,
+            handoff_from=handoff_from,
+            opening=opening,
+        )
+    assert spec.lock is not None and isinstance(runtime.locks, PostgresLocks)
+    started = time.perf_counter()
+    try:
+        key = spec.lock(command)
+        opened = step_tx.begin(
+            conn,
+            spec.service,
+            spec.actor_name,
+            message_id,
+            key,
+            lock_timeout_ms=runtime.locks.timeout_ms,
+            wake_after_commit=runtime.wakes_after_commit,
+            uncounted=uncounted,
+            alone=alone,
+            copies=copies,
+            handoff_from=handoff_from,
+            opening=opening,
+        )
+    except psycopg.errors.LockNotAvailable:
+        metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
+        raise
+    if opened.first:
+        # The wait includes the pipeline's other statements: a round trip, next to any real wait.
+        metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
+    return opened
+
+
+def _uncounted(message: dramatiq.Message[Any]) -> step_tx.Uncounted:
+    """Whether this delivery of ``message`` can go uncounted, and how many deliveries before it were not counted.
+
+    A delivery is counted so that a message which keeps killing its worker is parked (the
+    count commits before the work). A broker that marks redeliveries (RabbitMQ's
+    ``redelivered`` flag, which Dramatiq's consumer keeps on the message it hands over) says
+    when a copy reaches its first consumer: nothing can have died of it yet, so that delivery
+    is not counted, and the redelivery that follows a kill counts it. Each of Dramatiq's
+    retries is a new copy whose first delivery goes uncounted too, so the deliveries before
+    this one that no count holds are the copy's retries, and its own first delivery if this
+    is a redelivery. Brokers that do not mark redeliveries (Redis, Kafka, the StubBroker) count
+    every delivery.
+    """
+    redelivered = getattr(message, "redelivered", None)
+    if not isinstance(redelivered, bool):
+        return step_tx.Uncounted()
+    retries = int(message.options.get("retries", 0))
+    return step_tx.Uncounted(this_one=not redelivered, before=retries + int(redelivered), redelivered=redelivered)
+
+
+def _take_lock(
+    spec: StepSpec,
+    runtime: Runtime,
+    database: Database,
+    conn: psycopg.Connection[Any],
+    command: Any,
+    after_transaction: contextlib.ExitStack,
+) -> HeldLock | None:
+    """Take the step's lock (if it declares one) until ``after_transaction`` closes; time the wait."""
+    if spec.lock is None:
+        return None
+    started = time.perf_counter()
+    try:
+        held = after_transaction.enter_context(
+            runtime.locks.hold(conn, spec.lock(command), schema=spec.service, dsn=database.dsn)
+        )
+    except LockNotAcquired:
+        metrics.LOCK_TIMEOUTS.labels(spec.actor_name).inc()
+        raise
+    metrics.LOCK_WAIT.labels(spec.actor_name).observe(time.perf_counter() - started)
+    return held
+
+
+def _before_commit(held: HeldLock | None, conn: psycopg.Connection[Any]) -> None:
+    if held is not None:
+        # Last statement before the commit: a fence check locks its row until then.
+        held.before_commit(conn)
+
+
+def _answer(
+    ctx: StepContext,
+    spec: StepSpec,
+    message_id: str,
+    *,
+    ok: bool,
+    result: Any = None,
+    error: str | None = None,
+) -> None:
+    reply_to = ctx.options.get(REPLY_TO)
+    if not reply_to:
+        if not ok:
+            # Nobody waits for an answer: park the refusal where an operator will see it.
+            logger.warning("%s: business failure for %s: %s", spec.actor_name, message_id, error)
+            inbox.dead_letter(
+                ctx.conn,
+                spec.service,
+                spec.actor_name,
+                message_id,
+                {"args": [ctx.payload], "options": ctx.options},
+                f"business failure: {error}",
+            )
+        return
+    body = Reply(
+        in_reply_to=message_id,
+        ok=ok,
+        context=dict(reply_to.get("context") or {}),
+        result=to_json(result) if attrs.has(type(result)) else result,
+        error=error,
+    )
+    ctx.send(
+        body,
+        to=outbox.Address(reply_to["actor"], reply_to["queue"]),
+        ordering_key=reply_to.get("ordering_key"),
+    )
+
+
+def _is_last_attempt(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> bool:
+    default = spec.actor_options.get("max_retries", runtime.settings.max_retries)
+    max_retries = message.options.get("max_retries", default)
+    return max_retries is not None and int(message.options.get("retries", 0)) >= int(max_retries)
+
+
+def _park(
+    spec: StepSpec,
+    database: Database,
+    message_id: uuid.UUID | None,
+    shown_id: str,
+    raw: dict[str, Any],
+    reason: str,
+) -> Outcome:
+    """Dead-letter a message once (the inbox record keeps a redelivery from parking it again)."""
+    with database.transaction() as conn:
+        if message_id is not None:
+            if not inbox.record(conn, spec.service, spec.actor_name, message_id):
+                return Outcome.DUPLICATE
+            inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
+        inbox.dead_letter(conn, spec.service, spec.actor_name, shown_id, raw, f"{spec.actor_name}: {reason}")
+    logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
+    return Outcome.DEAD_LETTERED
