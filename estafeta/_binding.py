@@ -15,6 +15,8 @@ from brokers.tracing import messaging_system
 
 from . import _tracing as tracing
 from ._errors import SettingsError
+from ._heartbeats import WorkerHeartbeat
+from ._liveness import ServiceSpec
 from ._middleware import (
     EmbeddedDatabaseNotice,
     MovedClockWarning,
@@ -66,8 +68,9 @@ def bind_app(
             broker.add_middleware(RefuseStubBroker())
         # Only the `dramatiq` command's worker processes emit process_boot: these act there.
         broker.add_middleware(WorkerLogs(runtime.settings.log_format))
+        broker.add_middleware(WorkerHeartbeat(runtime, {spec.queue_name for spec in app.steps.values()}))
         if runtime.settings.metrics_port is not None:
-            broker.add_middleware(WorkerMetrics(app.service_names, app.sagas))
+            broker.add_middleware(WorkerMetrics(app.service_names, app.sagas, ServiceSpec.of_app(app)))
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
     _warn_of_moved_clocks(broker, runtime, app)

@@ -43,6 +43,8 @@ from sql.pool import Database
 from sql.sagas import SagaTable
 
 from . import _logs as logs
+from ._liveness import ServiceSpec
+from ._liveness_metrics import manifest_collector
 from ._runtime import Runtime
 from ._settings import Settings
 from ._table_metrics import SagaKind, TablesCollector
@@ -91,9 +93,10 @@ def use_multiprocess(directory: Path) -> None:
 class WorkerMetrics(dramatiq.Middleware):
     """Puts a ``dramatiq`` command's worker metrics on ``ESTAFETA_METRICS_PORT`` (see the module's docstring)."""
 
-    def __init__(self, services: Sequence[str], sagas: Sequence[Saga]) -> None:
+    def __init__(self, services: Sequence[str], sagas: Sequence[Saga], specs: Sequence[ServiceSpec] = ()) -> None:
         self.manifest = {
             "services": list(services),
+            "liveness": [attrs.asdict(spec) for spec in specs],
             "sagas": [{"name": saga.name, "table": attrs.asdict(saga.table)} for saga in sagas],
         }
         self.directory: Path | None = None
@@ -160,6 +163,7 @@ def _registry(settings: Settings, directory: Path) -> tuple[Any, list[Outbox]]:
     registry.register(OutboxCollector(outboxes))
     registry.register(ClockCollector(outboxes))
     registry.register(TablesCollector(outboxes, kinds, settings.saga_stuck_after))
+    registry.register(manifest_collector(settings, manifest.get("liveness", []), outboxes))
     return registry, outboxes
 
 
