@@ -51,6 +51,7 @@ from . import (
     console_data,
     console_guard,
     console_lists,
+    console_liveness,
     console_models,
     console_schedules,
     saga_diagram,
@@ -188,8 +189,11 @@ class Console:
         overview = console_data.read_overview(self.app, self.runtime)
         projections = console_models.read_projections(self.app, self.runtime)
         scheduled = len(console_models.read_scheduled(self.app, self.runtime))
+        liveness, processes = console_liveness.read_processes(self.app, self.runtime)
         return self._page(
             "console.html",
+            liveness=liveness,
+            processes=processes,
             overview=overview,
             projections=projections,
             scheduled=scheduled,

@@ -70,6 +70,7 @@ def _register() -> None:
         schedules,
         seed,
         serve,
+        status,
     )
 
     modules = (
@@ -87,6 +88,7 @@ def _register() -> None:
         dead_letters,
         serve,
         queues,
+        status,
     )
     for module in modules:
         for command in module.COMMANDS:

@@ -15,6 +15,7 @@ from prometheus_client import start_http_server
 from estafeta import EventStore, Projection, Projector, Service, run_projectors
 from estafeta.app.clock import warn_if_moved
 from estafeta.events.projection_ops import projection_status, rebuild
+from estafeta.observability.heartbeats import Kind, app_heartbeat
 from sql import projection_store
 
 from .context import current
@@ -92,7 +93,11 @@ def run_command(
     for service, projection in chosen:
         projector = Projector(projection, _store(service), batch_size=batch_size)
         by_dsn.setdefault(runtime.dsn_for(service.name), []).append(projector)
-    outcomes = _run_all(by_dsn, stop, poll_interval)
+    serving: dict[str, list[str]] = {}
+    for service, projection in chosen:
+        serving.setdefault(service.name, []).append(projection.name)
+    with app_heartbeat(Kind.PROJECTOR, serving, runtime, len(chosen)):
+        outcomes = _run_all(by_dsn, stop, poll_interval)
     failed = sorted(name for name, outcome in outcomes.items() if outcome != "stopped")
     if failed:
         raise click.ClickException(f"projection(s) stopped: {', '.join(failed)}; see `estafeta projections status`")

@@ -12,8 +12,10 @@ from estafeta import build_relay
 from estafeta.app.clock import warn_if_moved
 from estafeta.app.middleware import embedded_notice
 from estafeta.messaging.relaying import close_relay, run_lanes
+from estafeta.observability.heartbeats import relay_heartbeat
 
 from .context import current
+from .status import serve_liveness
 
 
 @click.command("relay")
@@ -76,6 +78,7 @@ def relay_command(
         from brokers import metrics
 
         metrics.serve(metrics_port, relays[0].outboxes, metrics_host)
+        serve_liveness(context, relays[0].outboxes)
     try:
         if once:
             click.echo(f"published {relays[0].drain_once()}")
@@ -83,7 +86,8 @@ def relay_command(
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-        run_lanes(relays, stop)
+        with relay_heartbeat(relays, runtime.settings.heartbeat_interval):
+            run_lanes(relays, stop)
     finally:
         for relay in relays:
             close_relay(relay)

@@ -10,6 +10,7 @@ import attrs
 import click
 
 from estafeta.app.clock import warn_if_moved
+from estafeta.observability.heartbeats import Kind, app_heartbeat
 
 from .context import AppContext, current
 
@@ -103,7 +104,9 @@ def serve_command(
 
         start_http_server(metrics_port, addr=metrics_host)
     click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
-    _run(web, (host, port), (console_host, console_port), access_log)
+    serving: dict[str, list[str]] = {name: [] for name in context.app.service_names}
+    with app_heartbeat(Kind.SERVE, serving, context.runtime):
+        _run(web, (host, port), (console_host, console_port), access_log)
 
 
 #: How an option left at its default was set (not by the user).

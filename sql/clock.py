@@ -58,20 +58,23 @@ def now(conn: psycopg.Connection[Any], schema: str) -> datetime:
 
 def move_to(conn: psycopg.Connection[Any], schema: str, at: datetime) -> None:
     """Make ``schema``'s time read ``at`` now (and run on from there with PostgreSQL's unless stopped)."""
-    _ask_for_test_clock(conn, schema)
-    conn.execute(query("move_clock", schema), {"at": at})
+    with conn.transaction():
+        _ask_for_test_clock(conn, schema)
+        conn.execute(query("move_clock", schema), {"at": at})
 
 
 def advance(conn: psycopg.Connection[Any], schema: str, by: timedelta) -> None:
     """Move ``schema``'s time forward by ``by``."""
-    _ask_for_test_clock(conn, schema)
-    conn.execute(query("advance_clock", schema), {"by": by})
+    with conn.transaction():
+        _ask_for_test_clock(conn, schema)
+        conn.execute(query("advance_clock", schema), {"by": by})
 
 
 def stop(conn: psycopg.Connection[Any], schema: str, at: datetime) -> None:
     """Stop ``schema``'s time at ``at``: it reads ``at`` until moved (``advance``, ``move_to``)."""
-    _ask_for_test_clock(conn, schema)
-    conn.execute(query("stop_clock", schema), {"at": at})
+    with conn.transaction():
+        _ask_for_test_clock(conn, schema)
+        conn.execute(query("stop_clock", schema), {"at": at})
 
 
 def reset(conn: psycopg.Connection[Any], schema: str) -> None:
@@ -80,5 +83,7 @@ def reset(conn: psycopg.Connection[Any], schema: str) -> None:
 
 
 def _ask_for_test_clock(conn: psycopg.Connection[Any], schema: str) -> None:
-    # Transaction-local: the next transaction on this (pooled) connection has not asked.
+    # Transaction-local: the next transaction on this (pooled) connection has not asked. The
+    # callers open a transaction (a savepoint inside the caller's) so that the request and the
+    # write share one, on an autocommit connection too.
     conn.execute(query("ask_for_test_clock", schema))

@@ -31,6 +31,7 @@ METRIC_PACKAGES = ("estafeta", "brokers", "cli")
 #: Collectors that have no module-level instance: how to make one to ask for its families.
 COLLECTOR_FACTORIES: dict[str, Callable[[type[Any]], Collector]] = {
     "TablesCollector": lambda cls: cls([], [], 300.0),
+    "LivenessCollector": lambda cls: cls(lambda: None),
 }
 
 

@@ -26,6 +26,8 @@ from estafeta.app.settings import Settings
 from estafeta.events.projections import Projector
 from estafeta.events.projector_run import ProjectorsMiddleware
 from estafeta.observability import tracing as tracing
+from estafeta.observability.heartbeats import WorkerHeartbeat
+from estafeta.observability.liveness import ServiceSpec
 from estafeta.observability.worker_metrics import WorkerMetrics
 from estafeta.operations.retention import PruneMiddleware
 from estafeta.sagas.watchdog import WatchdogMiddleware
@@ -65,8 +67,9 @@ def bind_app(
             broker.add_middleware(RefuseStubBroker())
         # Only the `dramatiq` command's worker processes emit process_boot: these act there.
         broker.add_middleware(WorkerLogs(runtime.settings.log_format))
+        broker.add_middleware(WorkerHeartbeat(runtime, {spec.queue_name for spec in app.steps.values()}))
         if runtime.settings.metrics_port is not None:
-            broker.add_middleware(WorkerMetrics(app.service_names, app.sagas))
+            broker.add_middleware(WorkerMetrics(app.service_names, app.sagas, ServiceSpec.of_app(app)))
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
     _warn_of_moved_clocks(broker, runtime, app)

@@ -47,6 +47,7 @@ _FLOATS: dict[str, tuple[str, float]] = {
     "SAGA_STEP_TIMEOUT": ("saga_step_timeout", 0.01),
     "SAGA_WATCH_INTERVAL": ("saga_watch_interval", 0.01),
     "SAGA_STUCK_AFTER": ("saga_stuck_after", 0.01),
+    "HEARTBEAT_INTERVAL": ("heartbeat_interval", 0.1),
 }
 #: Settings with a fixed set of values: variable suffix -> (attribute, allowed values).
 _CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -148,6 +149,9 @@ class Settings:
     #: Seconds a live saga may stay in one state (re-sends are not progress) before the
     #: metrics count it as stuck (``estafeta_sagas_stuck``).
     saga_stuck_after: float = 300.0
+    #: Seconds between the heartbeats of each long-running process (workers, relays, projectors,
+    #: ``estafeta serve``); a process that missed three reads as stale (``estafeta status``).
+    heartbeat_interval: float = 5.0
     #: ``text`` or ``json`` (one object per line): how ``dramatiq`` worker processes (and the CLI,
     #: ``--log-format``) write log lines.
     log_format: str = "text"

@@ -42,6 +42,8 @@ from brokers.relay import Outbox
 from estafeta.app.runtime import Runtime
 from estafeta.app.settings import Settings
 from estafeta.observability import logs as logs
+from estafeta.observability.liveness import ServiceSpec
+from estafeta.observability.liveness_metrics import manifest_collector
 from estafeta.observability.table_metrics import SagaKind, TablesCollector
 from sql.pool import Database
 from sql.sagas import SagaTable
@@ -90,9 +92,10 @@ def use_multiprocess(directory: Path) -> None:
 class WorkerMetrics(dramatiq.Middleware):
     """Puts a ``dramatiq`` command's worker metrics on ``ESTAFETA_METRICS_PORT`` (see the module's docstring)."""
 
-    def __init__(self, services: Sequence[str], sagas: Sequence[Saga]) -> None:
+    def __init__(self, services: Sequence[str], sagas: Sequence[Saga], specs: Sequence[ServiceSpec] = ()) -> None:
         self.manifest = {
             "services": list(services),
+            "liveness": [attrs.asdict(spec) for spec in specs],
             "sagas": [{"name": saga.name, "table": attrs.asdict(saga.table)} for saga in sagas],
         }
         self.directory: Path | None = None
@@ -159,6 +162,7 @@ def _registry(settings: Settings, directory: Path) -> tuple[Any, list[Outbox]]:
     registry.register(OutboxCollector(outboxes))
     registry.register(ClockCollector(outboxes))
     registry.register(TablesCollector(outboxes, kinds, settings.saga_stuck_after))
+    registry.register(manifest_collector(settings, manifest.get("liveness", []), outboxes))
     return registry, outboxes
 
 
