@@ -16,6 +16,7 @@ from sql import sagas
 
 from . import saga_labels
 from .context import current
+from .saga_start import start_command
 
 if TYPE_CHECKING:
     from estafeta import Saga
@@ -172,5 +173,7 @@ def watch_command(once: bool, interval: float | None) -> None:
         signal.signal(signum, lambda *_: stop.set())
     watchdog.run(stop, interval)
 
+
+sagas_group.add_command(start_command)
 
 COMMANDS = [sagas_group]

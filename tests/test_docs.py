@@ -114,6 +114,12 @@ def test_the_version_has_one_source() -> None:
     assert done.stdout.strip() == f"estafeta {__version__}"
 
 
+def test_the_wheel_the_install_lines_name_is_the_version_built() -> None:
+    pages = [ROOT / "README.md", *DOCS.rglob("*.md")]
+    named = {(p.name, v) for p in pages for v in re.findall(r"estafeta-([\w.]+)-py3-none-any\.whl", p.read_text())}
+    assert {v for _, v in named} == {__version__}, f"install lines name other versions than {__version__}: {named}"
+
+
 def test_the_readme_is_short_and_links_to_the_site() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 300

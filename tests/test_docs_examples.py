@@ -9,7 +9,10 @@ must do, page by page, in the page's own namespace:
   :data:`SKETCHES`, which are only compiled; a block whose fence names a file
   (`` ```python title="examples/booking/__init__.py" ``) is a quote, and must be a verbatim
   piece of that file (docstrings aside), which the suite runs; a block of ``--8<--`` lines is
-  an include of files that must exist (MkDocs inserts them);
+  an include of files that must exist (MkDocs inserts them); on a page written as the
+  reader's own project (:data:`READERS_PAGES`), a block whose fence names a file is one of
+  that project's files, compiled here and run outside the repository by
+  ``tests/integration/test_install.py``;
 - a shell block's commands are checked against the code: ``estafeta`` commands and their
   options exist (read-only ones with no placeholder run, in process, on the scratch
   database), ``make`` targets exist, ``pip install`` extras exist, ``dramatiq`` and
@@ -42,7 +45,12 @@ from .test_docs import reference
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"])
 #: Tools outside the project that documented shell sessions use: not checked.
-EXTERNAL = {"curl", "tansu", "sudo", "cd", "git", "django-admin"}
+EXTERNAL = {"curl", "tansu", "sudo", "cd", "git", "django-admin", "createdb", "psql", "pytest"}
+#: Pages written as the reader's own project (files named by ``title="..."`` that the repository
+#: does not have): tests/integration/test_install.py writes and runs them outside the repository.
+READERS_PAGES = {"docs/tutorial.md"}
+#: The reader's package of those pages, and the repository's module with the same files.
+READERS_MODULES = {"hotel": "examples.booking"}
 #: Python blocks that sketch an API with placeholders (``OrderCreated(...)``) and are not
 #: run yet, by page and first line: each is compiled, and must still be on its page. Turning
 #: one into a runnable block (an invisible set-up block, real arguments) or a quote of the
@@ -82,10 +90,28 @@ class DocBlocks:
                 region.evaluator = self._python(info)
             elif language in SHELL:
                 region.evaluator = check_shell
+            elif language == "sql" and "title=" in info:
+                region.evaluator = self._sql(info)
             else:
                 continue
             region.parsed = region.lexemes["source"]
             yield region
+
+    def _sql(self, info: str) -> Any:
+        """A SQL block whose fence names a file: an include, a file of the reader's project, or a quote."""
+        title = re.search(r'title="([^"]+)"', info)
+        assert title is not None
+
+        def evaluate(example: Example) -> None:
+            source = str(example.parsed)
+            if source.lstrip().startswith("--8<--"):
+                check_includes(source)
+            elif str(Path(example.path).relative_to(ROOT)) not in READERS_PAGES:
+                path = ROOT / title.group(1)
+                assert path.is_file(), f"the quoted file {path} does not exist"
+                assert source.strip() in path.read_text(), f"not a verbatim piece of {path}:\n{source}"
+
+        return evaluate
 
     def _python(self, info: str) -> Any:
         title = re.search(r'title="([^"]+)"', info)
@@ -97,10 +123,13 @@ class DocBlocks:
             if (page, first) in SKETCHES:
                 example.namespace["_sketches"].add((page, first))
                 compile(textwrap.dedent(source), example.path, "exec")
-            elif title:
-                check_quote(source, ROOT / title.group(1))
             elif source.lstrip().startswith("--8<--"):
                 check_includes(source)
+            elif title and page in READERS_PAGES:
+                # A file of the reader's project: run there by tests/integration/test_install.py.
+                compile(textwrap.dedent(source), title.group(1), "exec")
+            elif title:
+                check_quote(source, ROOT / title.group(1))
             else:
                 example.namespace.setdefault("runtime", example.namespace["_fixture"]("runtime"))
                 self.python(example)
@@ -167,6 +196,8 @@ def check_command(words: list[str], namespace: dict[str, Any]) -> None:
         check_module(args[0].split(":")[0])
     elif tool in ("python", "python3") and args[:1] == ["-m"]:
         check_module(args[1])
+    elif tool in ("python", "python3") and args[:1] and args[0].endswith(".py"):
+        pass  # a script of the reader's, shown on its page
     else:
         assert tool in EXTERNAL, f"{tool}: neither a command of this project nor a known external tool"
 
@@ -179,13 +210,15 @@ def check_variable(name: str) -> None:
 
 
 def check_module(name: str) -> None:
+    name = READERS_MODULES.get(name, name)
     assert importlib.util.find_spec(name) is not None, f"no module {name}"
 
 
 def check_pip(args: list[str]) -> None:
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     for arg in args:
-        asked = re.match(r"^estafeta\[([a-z,\-]+)\]$", arg)
+        # estafeta[x], from an index; ./estafeta[x], a clone; dist/estafeta-V-py3-none-any.whl[x], a wheel.
+        asked = re.match(r"^(?:.*/)?estafeta(?:-[^/\[]+\.whl)?\[([a-z,\-]+)\]$", arg)
         if asked:
             assert set(asked.group(1).split(",")) <= extras, f"{arg}: no such extra"
 

@@ -77,5 +77,5 @@ def book(conn: Any, guest: str, nights: int) -> uuid.UUID:
     return BOOKING.start(conn, booking)
 
 
-#: ``dramatiq examples.booking`` imports this module: bind the app to ESTAFETA_BROKER_URL's broker.
+#: ``dramatiq`` imports this module (the workers' command names it): bind the app to ESTAFETA_BROKER_URL's broker.
 broker = app.bind().broker
