@@ -139,7 +139,9 @@ def settings() -> list[SettingDoc]:
 def _modules(package: str) -> Iterator[Any]:
     root = importlib.import_module(package)
     yield root
-    for info in pkgutil.iter_modules(root.__path__, f"{package}."):
+    # Every module at any depth (the runtime's concepts are subpackages); a subpackage whose
+    # optional extra is not installed is skipped, as its modules are below.
+    for info in pkgutil.walk_packages(root.__path__, f"{package}.", onerror=lambda name: None):
         if info.name.endswith(".__main__"):  # runs its command when imported
             continue
         try:
