@@ -39,7 +39,7 @@ import psycopg
 
 from estafeta.app.runtime import Runtime
 from estafeta.observability import tracing as tracing
-from estafeta.steps.delivery import REPLY_TO
+from estafeta.steps.context import REPLY_TO
 from sql import dead_letters as store
 from sql import outbox as outbox_store
 from sql import sagas as saga_store
