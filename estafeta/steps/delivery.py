@@ -10,7 +10,6 @@ retries, never an acknowledged one.
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import logging
 import random
@@ -19,7 +18,6 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import attrs
 import dramatiq
 import psycopg
 from dramatiq.middleware import CurrentMessage
@@ -30,15 +28,16 @@ from estafeta.events.store import ConcurrencyConflict
 from estafeta.locks.step_locks import HeldLock, PostgresLocks
 from estafeta.messaging import handoff as handoff
 from estafeta.messaging import outbox as outbox
-from estafeta.messaging.messages import from_json, to_json
+from estafeta.messaging.messages import from_json
 from estafeta.observability import delivery as observe
 from estafeta.observability import metrics as metrics
 from estafeta.steps import transaction as step_tx
 from estafeta.steps import worker_deaths as worker_deaths
 from estafeta.steps.alone import DELIVERIES
-from estafeta.steps.context import REPLY_TO, Reply, StepContext
+from estafeta.steps.context import StepContext
+from estafeta.steps.outcome import Outcome
+from estafeta.steps.parking import answer, is_last_attempt, park
 from estafeta.steps.spec import StepSpec
-from sql import inbox
 from sql.errors import LockNotAcquired
 from sql.pool import Database, translate_errors
 
@@ -105,21 +104,6 @@ def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
     body.__qualname__ = spec.actor_name
     body.__module__ = getattr(spec.fn, "__module__", __name__)
     return body
-
-
-class Outcome(enum.StrEnum):
-    """What became of one delivery of a message to a step."""
-
-    #: The step's work committed (with its outbox rows and its answer).
-    OK = "ok"
-    #: The step refused for a business reason: its work rolled back, the refusal was answered.
-    FAILED = "failed"
-    #: The inbox already had the message: nothing happened.
-    DUPLICATE = "duplicate"
-    #: Parked in the service's dead letters with the reason; never retried.
-    DEAD_LETTERED = "dead_lettered"
-    #: A hand-off whose outbox row a relay had first (``estafeta.messaging.handoff``): nothing happened here.
-    RELAYED = "relayed"
 
 
 def _pass_on(runtime: Runtime) -> None:
@@ -198,11 +182,11 @@ def _deliver(
     try:
         message_id = uuid.UUID(str(message.message_id))
     except ValueError:
-        return _park(spec, database, None, str(message.message_id), raw, "message id is not a UUID")
+        return park(spec, database, None, str(message.message_id), raw, "message id is not a UUID")
     try:
         command, payload = _decode(spec, message)
     except InvalidMessage as exc:
-        return _park(spec, database, message_id, str(message_id), raw, str(exc))
+        return park(spec, database, message_id, str(message_id), raw, str(exc))
     try:
         run = functools.partial(
             _run, spec, runtime, database, message, message_id, command, payload, seen, handoff_from=handoff_from
@@ -210,16 +194,16 @@ def _deliver(
         outcome = _beside_or_alone(spec, message, message_id, run)
     except _Overdelivered as over:
         reason = f"delivered {over.attempts} times without finishing (does it kill its worker?)"
-        return _park(spec, database, message_id, str(message_id), raw, reason)
+        return park(spec, database, message_id, str(message_id), raw, reason)
     except worker_deaths.KilledItsWorker as killer:
-        return _park(spec, database, message_id, str(message_id), raw, killer.reason)
+        return park(spec, database, message_id, str(message_id), raw, killer.reason)
     except Exception as exc:
         seen.error = exc
-        if not _is_last_attempt(spec, runtime, message):
+        if not is_last_attempt(spec, runtime, message):
             raise
         reason = f"failed {seen.attempt} times, last: {type(exc).__name__}: {exc}"
         try:
-            return _park(spec, database, message_id, str(message_id), raw, reason)
+            return park(spec, database, message_id, str(message_id), raw, reason)
         except Exception:
             logger.exception("could not dead-letter %s %s; the broker will", spec.actor_name, message_id)
             raise exc from None
@@ -345,14 +329,14 @@ def _run(
             for write in ctx.refusal_writes:
                 write(conn)
             with step_tx.committing(conn):
-                _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+                answer(ctx, spec, str(message_id), ok=False, error=str(failure))
                 baton = handoff.prepare(runtime, database, spec.service, conn)
                 outbox.write_held(conn)
                 _before_commit(held, conn)
         else:
             outcome = Outcome.OK
             with step_tx.committing(conn):
-                _answer(ctx, spec, str(message_id), ok=True, result=result)
+                answer(ctx, spec, str(message_id), ok=True, result=result)
                 baton = handoff.prepare(runtime, database, spec.service, conn)
                 outbox.write_held(conn)
                 _before_commit(held, conn)
@@ -482,65 +466,3 @@ def _before_commit(held: HeldLock | None, conn: psycopg.Connection[Any]) -> None
     if held is not None:
         # Last statement before the commit: a fence check locks its row until then.
         held.before_commit(conn)
-
-
-def _answer(
-    ctx: StepContext,
-    spec: StepSpec,
-    message_id: str,
-    *,
-    ok: bool,
-    result: Any = None,
-    error: str | None = None,
-) -> None:
-    reply_to = ctx.options.get(REPLY_TO)
-    if not reply_to:
-        if not ok:
-            # Nobody waits for an answer: park the refusal where an operator will see it.
-            logger.warning("%s: business failure for %s: %s", spec.actor_name, message_id, error)
-            inbox.dead_letter(
-                ctx.conn,
-                spec.service,
-                spec.actor_name,
-                message_id,
-                {"args": [ctx.payload], "options": ctx.options},
-                f"business failure: {error}",
-            )
-        return
-    body = Reply(
-        in_reply_to=message_id,
-        ok=ok,
-        context=dict(reply_to.get("context") or {}),
-        result=to_json(result) if attrs.has(type(result)) else result,
-        error=error,
-    )
-    ctx.send(
-        body,
-        to=outbox.Address(reply_to["actor"], reply_to["queue"]),
-        ordering_key=reply_to.get("ordering_key"),
-    )
-
-
-def _is_last_attempt(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> bool:
-    default = spec.actor_options.get("max_retries", runtime.settings.max_retries)
-    max_retries = message.options.get("max_retries", default)
-    return max_retries is not None and int(message.options.get("retries", 0)) >= int(max_retries)
-
-
-def _park(
-    spec: StepSpec,
-    database: Database,
-    message_id: uuid.UUID | None,
-    shown_id: str,
-    raw: dict[str, Any],
-    reason: str,
-) -> Outcome:
-    """Dead-letter a message once (the inbox record keeps a redelivery from parking it again)."""
-    with database.transaction() as conn:
-        if message_id is not None:
-            if not inbox.record(conn, spec.service, spec.actor_name, message_id):
-                return Outcome.DUPLICATE
-            inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
-        inbox.dead_letter(conn, spec.service, spec.actor_name, shown_id, raw, f"{spec.actor_name}: {reason}")
-    logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
-    return Outcome.DEAD_LETTERED
