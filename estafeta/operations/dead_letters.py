@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
 import logging
-import re
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
@@ -39,6 +37,7 @@ import psycopg
 
 from estafeta.app.runtime import Runtime
 from estafeta.observability import tracing as tracing
+from estafeta.operations.dead_letter_causes import Cause, cause_of
 from estafeta.steps.context import REPLY_TO
 from sql import dead_letters as store
 from sql import outbox as outbox_store
@@ -54,51 +53,6 @@ logger = logging.getLogger(__name__)
 
 #: Options Dramatiq and its brokers set while delivering: a replay starts afresh without them.
 _DELIVERY_OPTIONS = frozenset({"retries", "traceback", "redis_message_id", "eta"})
-_FAILED = re.compile(r"^failed \d+ times, last: ([A-Za-z_][\w.]*): (.*)$", re.DOTALL)
-_NORMALISE = [
-    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE), "<uuid>"),
-    (re.compile(r"'[^']*'|\"[^\"]*\""), "<str>"),
-    (re.compile(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{16,}\b", re.IGNORECASE), "<hex>"),
-    (re.compile(r"\d+(\.\d+)?"), "<n>"),
-    (re.compile(r"\s+"), " "),
-]
-
-
-def normalise(text: str) -> str:
-    """``text`` with what differs between occurrences of one cause (ids, numbers, quoted values) blanked out."""
-    for pattern, replacement in _NORMALISE:
-        text = pattern.sub(replacement, text)
-    return text.strip()[:300]
-
-
-@attrs.frozen
-class Cause:
-    """Why a dead letter was parked, as grouping sees it."""
-
-    #: The step that refused the message.
-    actor: str
-    #: The error's type (``LookupError``, ``BusinessFailure``, ``InvalidMessage``, ``KilledItsWorker``...).
-    error: str
-    #: The error's message, normalised.
-    pattern: str
-
-    @property
-    def group(self) -> str:
-        """A short stable id of the cause: ``estafeta dead-letters replay --group`` takes it."""
-        return hashlib.sha1(f"{self.actor}\0{self.error}\0{self.pattern}".encode()).hexdigest()[:10]
-
-
-def cause_of(consumer: str, reason: str) -> Cause:
-    """The cause of a dead letter parked by ``consumer`` with ``reason`` (as the steps write it)."""
-    text = reason.removeprefix(f"{consumer}: ")
-    failed = _FAILED.match(text)
-    if failed:
-        return Cause(consumer, failed.group(1), normalise(failed.group(2)))
-    if text.startswith("business failure: "):
-        return Cause(consumer, "BusinessFailure", normalise(text.removeprefix("business failure: ")))
-    if "without finishing" in text or text.startswith("killed its worker"):
-        return Cause(consumer, "KilledItsWorker", normalise(text))
-    return Cause(consumer, "InvalidMessage", normalise(text))
 
 
 @attrs.frozen
