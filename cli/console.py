@@ -43,7 +43,7 @@ from markupsafe import Markup
 
 from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta.app.settings import CONSOLE_PASSWORD_MIN_LENGTH
-from estafeta.operations.dead_letters import ReplayOutcome, replay
+from estafeta.operations.dead_letter_replay import ReplayOutcome, replay
 from sql import outbox
 
 from . import (

@@ -34,7 +34,7 @@ from markupsafe import Markup
 from psycopg import sql
 
 from estafeta import App, Runtime
-from estafeta.operations.dead_letters import cause_of
+from estafeta.operations.dead_letter_causes import cause_of
 
 #: The window when none is asked for, and the bounds of one that is (minutes).
 DEFAULT_WINDOW, MIN_WINDOW, MAX_WINDOW = 60, 5, 24 * 60

@@ -16,7 +16,8 @@ from typing import Any
 import attrs
 
 from estafeta import App, Runtime, Saga, SagaStep
-from estafeta.operations.dead_letters import DeadLetter, cause_of, groups
+from estafeta.operations.dead_letter_causes import cause_of
+from estafeta.operations.dead_letters import DeadLetter, groups
 from sql import dead_letters, outbox, sagas
 
 #: Sagas on one page of a list.

@@ -8,16 +8,8 @@ from typing import Any
 import attrs
 import click
 
-from estafeta.operations.dead_letters import (
-    DeadLetter,
-    Group,
-    Replayed,
-    ReplayOutcome,
-    groups,
-    list_dead_letters,
-    replay,
-    show,
-)
+from estafeta.operations.dead_letter_replay import Replayed, ReplayOutcome, replay
+from estafeta.operations.dead_letters import DeadLetter, Group, groups, list_dead_letters, show
 
 from .context import current
 

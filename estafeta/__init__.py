@@ -62,7 +62,9 @@ from estafeta.sagas.saga import Saga, SagaTransition
 from estafeta.sagas.watchdog import Watchdog
 from estafeta.schedules.scheduler import Scheduler
 from estafeta.schedules.spec import CatchUp, Overlap, Schedule
-from estafeta.steps.delivery import Outcome, Reply, StepContext, deliver
+from estafeta.steps.context import Reply, StepContext
+from estafeta.steps.delivery import deliver
+from estafeta.steps.outcome import Outcome
 from estafeta.steps.spec import StepSpec
 from estafeta.steps.step_events import StepEvents
 from sql.errors import (

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from estafeta import App, Runtime, Service, Settings, StepContext
-from estafeta.steps.delivery import Outcome, deliver
+from estafeta.steps.delivery import deliver
+from estafeta.steps.outcome import Outcome
 from examples.shelf import ItemAdded, Restock
 from sql import inbox
 

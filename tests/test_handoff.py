@@ -28,7 +28,8 @@ from cli.seed import plan_orders
 from estafeta import Runtime, Settings, Watchdog
 from estafeta.app.clock import Clock
 from estafeta.messaging import handoff as handoff
-from estafeta.steps.delivery import Outcome, deliver
+from estafeta.steps.delivery import deliver
+from estafeta.steps.outcome import Outcome
 from estafeta.testing import TEST_SETTINGS
 from sql.outbox import WAKE_CHANNEL
 

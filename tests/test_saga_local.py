@@ -19,7 +19,7 @@ from actors.pingpong import Pong
 from estafeta import Clock, Runtime, StepContext, Watchdog
 from estafeta.messaging import outbox as outbox
 from estafeta.sagas.local_steps import LocalOutcome, run_local, runs_local
-from estafeta.steps.delivery import Outcome
+from estafeta.steps.outcome import Outcome
 from estafeta.testing import VirtualClock
 
 from . import steps

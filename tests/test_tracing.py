@@ -179,7 +179,7 @@ def test_a_replay_starts_a_new_trace_linked_to_the_original(runtime: Runtime, co
 
 
 def test_a_dead_letter_replay_is_a_new_trace_linked_to_where_the_message_was_created(runtime: Runtime, conn) -> None:
-    from estafeta.operations.dead_letters import replay
+    from estafeta.operations.dead_letter_replay import replay
     from tests.app import app as tests_app
 
     from .lock_steps import open_account

@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from estafeta import Runtime, deliver
-from estafeta.operations.dead_letters import cause_of
+from estafeta.operations.dead_letter_causes import cause_of
 from sql import inbox
 from tests.app import STEPS
 

@@ -32,7 +32,7 @@ from estafeta.observability.worker_metrics import WorkerMetrics
 from estafeta.operations.retention import PruneMiddleware
 from estafeta.sagas.watchdog import WatchdogMiddleware
 from estafeta.schedules.scheduler import SchedulerMiddleware
-from estafeta.steps.delivery import declare_actors
+from estafeta.steps.declare import declare_actors
 
 if TYPE_CHECKING:
     from estafeta.app.app import App

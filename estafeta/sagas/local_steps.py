@@ -20,7 +20,7 @@ from estafeta.locks.step_locks import PostgresLocks
 from estafeta.messaging import outbox as outbox
 from estafeta.messaging.messages import to_json
 from estafeta.steps import transaction as step_tx
-from estafeta.steps.delivery import StepContext
+from estafeta.steps.context import StepContext
 from estafeta.steps.spec import StepSpec
 from sql.errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
 from sql.pool import is_outage

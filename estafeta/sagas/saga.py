@@ -66,7 +66,7 @@ from estafeta.sagas.model import (
     taken,
     uncompensated,
 )
-from estafeta.steps.delivery import REPLY_TO, Reply, StepContext
+from estafeta.steps.context import REPLY_TO, Reply, StepContext
 from estafeta.steps.spec import StepSpec
 from sql import plan
 from sql import sagas as store

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from estafeta.steps.delivery import StepContext
+from estafeta.steps.context import StepContext
 from sql.errors import EstafetaError
 
 _RESOURCE = "estafeta.sqlalchemy.session"

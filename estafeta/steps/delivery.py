@@ -10,271 +10,35 @@ retries, never an acknowledged one.
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import logging
-import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-import attrs
 import dramatiq
 import psycopg
-from dramatiq.middleware import CurrentMessage
 
-from estafeta.app.errors import BusinessFailure, InvalidMessage, RoutingError
+from estafeta.app.errors import BusinessFailure, InvalidMessage
 from estafeta.app.runtime import Runtime
-from estafeta.events.store import ConcurrencyConflict, EventMetadata, EventStore
 from estafeta.locks.step_locks import HeldLock, PostgresLocks
 from estafeta.messaging import handoff as handoff
 from estafeta.messaging import outbox as outbox
-from estafeta.messaging.messages import from_json, to_json
+from estafeta.messaging.messages import from_json
 from estafeta.observability import delivery as observe
 from estafeta.observability import metrics as metrics
 from estafeta.steps import transaction as step_tx
 from estafeta.steps import worker_deaths as worker_deaths
 from estafeta.steps.alone import DELIVERIES
-from estafeta.steps.spec import Router, StepSpec
-from estafeta.steps.step_events import StepEvents
-from sql import inbox
+from estafeta.steps.context import StepContext
+from estafeta.steps.outcome import Outcome
+from estafeta.steps.parking import answer, is_last_attempt, park
+from estafeta.steps.spec import StepSpec
 from sql.errors import LockNotAcquired
 from sql.pool import Database, translate_errors
 
 logger = logging.getLogger(__name__)
-
-#: Message option naming where a step sends its :class:`Reply`:
-#: ``{"actor": ..., "queue": ..., "context": {...}, "ordering_key": ...}``.
-REPLY_TO = "reply_to"
-
-#: First retry delay after a :class:`ConcurrencyConflict`, in milliseconds (doubling per retry).
-_CONFLICT_BACKOFF_MS = 20
-
-
-@attrs.frozen
-class Reply:
-    """A step's answer to the saga (or any sender) that asked for one with ``reply_to``."""
-
-    #: The message id of the command answered.
-    in_reply_to: str
-    #: ``True`` if the step did its work; ``False`` for a business failure.
-    ok: bool
-    #: The sender's correlation data, returned untouched (saga id, step, version).
-    context: dict[str, Any]
-    result: dict[str, Any] | None = None
-    error: str | None = None
-
-
-@attrs.define
-class StepContext:
-    """What a step's function gets besides its command."""
-
-    #: The connection of the step's transaction: write your service's tables through it.
-    conn: psycopg.Connection[Any]
-    #: The service whose schema and outbox this transaction uses.
-    service: str
-    #: The id of the message being processed (the inbox key).
-    message_id: uuid.UUID
-    #: The saga this message belongs to, if any.
-    saga_id: uuid.UUID | None
-    #: The message's Dramatiq options (``traceparent``, ``saga_id``, ``reply_to``...).
-    options: dict[str, Any]
-    #: The command as received, fields the command class does not know included.
-    payload: dict[str, Any]
-    #: Routes what the step sends: the app of the step's service.
-    router: Router
-    #: The lock held for the step's key, if it declared one.
-    lock: HeldLock | None = None
-    #: What :meth:`on_refusal` asked to write if the step refuses.
-    refusal_writes: list[Callable[[psycopg.Connection[Any]], object]] = attrs.field(factory=list)
-    #: The service's event store, if it has one (``Service.use_events``).
-    event_store: EventStore | None = None
-    #: What adapters keep for this delivery, by name (``estafeta.sqlalchemy.session``'s ORM session).
-    resources: dict[str, Any] = attrs.field(factory=dict)
-    #: What :meth:`before_commit` asked to run once the step's function has returned.
-    commit_hooks: list[Callable[[], object]] = attrs.field(factory=list)
-    #: The rows of the step's ``opening`` statement, run in its first round trip (``Service.step``).
-    opening: list[dict[str, Any]] | None = None
-    #: The runtime the step runs with (where a saga's local step finds the lock backend).
-    runtime: Runtime | None = attrs.field(default=None, repr=False)
-
-    @property
-    def fencing_token(self) -> int | None:
-        """The fencing token of the step's lock (Redis locks), to store with guarded writes."""
-        return self.lock.token if self.lock else None
-
-    def on_refusal(self, write: Callable[[psycopg.Connection[Any]], object]) -> None:
-        """Run ``write(conn)`` in this transaction if the step ends refusing (raises a :class:`BusinessFailure`).
-
-        A refusal rolls back the step's own work; what ``write`` does is kept, with the
-        inbox record and the refusal's answer. Record the decision there (a refused
-        payment), so that any later attempt of the same business operation is refused
-        too: a command sent twice must not be refused once and done once.
-        """
-        self.refusal_writes.append(write)
-
-    def before_commit(self, hook: Callable[[], object]) -> None:
-        """Run ``hook()`` in this transaction once the step's function has returned, before its answer and commit.
-
-        An adapter flushes its unit of work there (an ORM session's pending changes); an
-        exception rolls the step back like one raised by the step. Not run when the step
-        refuses or fails.
-        """
-        self.commit_hooks.append(hook)
-
-    @property
-    def events(self) -> StepEvents:
-        """The service's event store in this step's transaction: append, load and save aggregates.
-
-        Events carry the message being processed (causation), the saga (correlation) and the
-        trace. A :class:`ConcurrencyConflict` rolls the step back and Dramatiq retries it.
-        """
-        if self.event_store is None:
-            raise RoutingError(f"service {self.service} has no event store: call {self.service}.use_events(registry)")
-        metadata = EventMetadata(
-            causation_id=str(self.message_id),
-            correlation_id=str(self.saga_id) if self.saga_id else None,
-            traceparent=self.options.get("traceparent"),
-        )
-        return StepEvents(self.conn, self.event_store, metadata)
-
-    def send(self, command: Any, **kwargs: Any) -> uuid.UUID:
-        """Send ``command`` through this service's outbox, in this transaction (see :func:`outbox.send`)."""
-        kwargs.setdefault("saga_id", self.saga_id)
-        kwargs.setdefault("traceparent", self.options.get("traceparent"))
-        return outbox.send(self.conn, command, service=self.service, router=self.router, **kwargs)
-
-    def publish(self, event: Any, **kwargs: Any) -> list[uuid.UUID]:
-        """Publish ``event`` to every subscribed step, in this transaction (see :func:`outbox.publish`)."""
-        kwargs.setdefault("saga_id", self.saga_id)
-        kwargs.setdefault("traceparent", self.options.get("traceparent"))
-        return outbox.publish(self.conn, event, service=self.service, router=self.router, **kwargs)
-
-
-def declare_actors(
-    broker: dramatiq.Broker, runtime: Runtime, specs: Iterable[StepSpec]
-) -> dict[str, dramatiq.Actor[..., None]]:
-    """Declare ``specs`` as actors on ``broker``, running with ``runtime``; return them by name.
-
-    Steps already declared on ``broker`` are left as they are (binding an app twice to one
-    broker declares nothing new).
-    """
-    if not any(isinstance(m, CurrentMessage) for m in broker.middleware):
-        broker.add_middleware(CurrentMessage())
-    if not any(isinstance(m, handoff.WorkerQueues) and m.runtime is runtime for m in broker.middleware):
-        broker.add_middleware(handoff.WorkerQueues(runtime))
-    settings = runtime.settings
-    actors = {}
-    for spec in specs:
-        if spec.actor_name in broker.actors:
-            continue
-        options = {
-            "max_retries": settings.max_retries,
-            "min_backoff": settings.min_backoff_ms,
-            "max_backoff": settings.max_backoff_ms,
-            **spec.actor_options,
-        }
-        actors[spec.actor_name] = dramatiq.Actor(
-            _actor_body(spec, runtime),
-            broker=broker,
-            actor_name=spec.actor_name,
-            queue_name=spec.queue_name,
-            priority=0,
-            options=options,
-        )
-        runtime.steps_here[spec.actor_name] = spec
-    return actors
-
-
-def _actor_body(spec: StepSpec, runtime: Runtime) -> Callable[..., None]:
-    def body(*args: Any, **kwargs: Any) -> None:
-        message = CurrentMessage.get_current_message()
-        if message is None:
-            raise RuntimeError(f"{spec.actor_name} ran without the CurrentMessage middleware")
-        handoff.take()
-        try:
-            deliver(spec, runtime, message)
-        except ConcurrencyConflict as conflict:
-            # Expected under contention (two steps saved one stream), and over as soon as
-            # the other transaction ended: retried sooner than other errors (20 ms, doubling,
-            # jittered), and an INFO line in the log (as Dramatiq logs expected errors), not a traceback.
-            retries = int(message.options.get("retries", 0))
-            delay = min(runtime.settings.max_backoff_ms, _CONFLICT_BACKOFF_MS * 2**retries)
-            logger.info("%s: %s retried after a concurrency conflict: %s", spec.actor_name, message, conflict)
-            raise dramatiq.Retry(str(conflict), delay=int(delay * random.uniform(0.5, 1.0))) from conflict
-        _pass_on(runtime)
-
-    body.__name__ = spec.name
-    body.__qualname__ = spec.actor_name
-    body.__module__ = getattr(spec.fn, "__module__", __name__)
-    return body
-
-
-class Outcome(enum.StrEnum):
-    """What became of one delivery of a message to a step."""
-
-    #: The step's work committed (with its outbox rows and its answer).
-    OK = "ok"
-    #: The step refused for a business reason: its work rolled back, the refusal was answered.
-    FAILED = "failed"
-    #: The inbox already had the message: nothing happened.
-    DUPLICATE = "duplicate"
-    #: Parked in the service's dead letters with the reason; never retried.
-    DEAD_LETTERED = "dead_lettered"
-    #: A hand-off whose outbox row a relay had first (``estafeta.messaging.handoff``): nothing happened here.
-    RELAYED = "relayed"
-
-
-def _pass_on(runtime: Runtime) -> None:
-    """Run the hand-offs the delivery just done offered, at most ``ESTAFETA_HANDOFFS`` in a row (``messaging.handoff``).
-
-    A hand-off that fails, or finds an older row of its key still to go, is the relays'
-    again: its row is released and they are woken for it, as for one offered past the limit.
-    """
-    for _ in range(runtime.settings.handoffs):
-        baton = handoff.take()
-        if baton is None:
-            return
-        actor = baton.spec.actor_name
-        try:
-            outcome = deliver(baton.spec, runtime, baton.message, handoff_from=baton.schema)
-        except Exception as exc:
-            handoff.take()
-            logger.info(
-                "%s: hand-off of %s failed (%s: %s); a relay publishes it",
-                actor,
-                baton.message.message_id,
-                type(exc).__name__,
-                exc,
-            )
-            metrics.HANDOFFS.labels(actor, "failed").inc()
-            _to_the_relays(runtime, baton)
-            return
-        if outcome is Outcome.RELAYED:
-            metrics.HANDOFFS.labels(actor, "relayed").inc()
-            _to_the_relays(runtime, baton)
-            return
-        metrics.HANDOFFS.labels(actor, "done").inc()
-    baton = handoff.take()
-    if baton is not None:
-        _to_the_relays(runtime, baton)
-
-
-def _to_the_relays(runtime: Runtime, baton: handoff.Baton) -> None:
-    """Release a hand-off's row, due now, and wake the relays for it (a failure is logged: the lease ends anyway)."""
-    try:
-        handoff.release(baton)
-    except Exception as exc:
-        logger.warning(
-            "%s: could not release hand-off %s (%s); the relays take it when its lease ends",
-            baton.spec.actor_name,
-            baton.message.message_id,
-            exc,
-        )
-        return
-    if runtime.settings.wakeup != "poll":
-        runtime.wake_after_commit(baton.database, baton.schema)
 
 
 def deliver(
@@ -302,11 +66,11 @@ def _deliver(
     try:
         message_id = uuid.UUID(str(message.message_id))
     except ValueError:
-        return _park(spec, database, None, str(message.message_id), raw, "message id is not a UUID")
+        return park(spec, database, None, str(message.message_id), raw, "message id is not a UUID")
     try:
         command, payload = _decode(spec, message)
     except InvalidMessage as exc:
-        return _park(spec, database, message_id, str(message_id), raw, str(exc))
+        return park(spec, database, message_id, str(message_id), raw, str(exc))
     try:
         run = functools.partial(
             _run, spec, runtime, database, message, message_id, command, payload, seen, handoff_from=handoff_from
@@ -314,16 +78,16 @@ def _deliver(
         outcome = _beside_or_alone(spec, message, message_id, run)
     except _Overdelivered as over:
         reason = f"delivered {over.attempts} times without finishing (does it kill its worker?)"
-        return _park(spec, database, message_id, str(message_id), raw, reason)
+        return park(spec, database, message_id, str(message_id), raw, reason)
     except worker_deaths.KilledItsWorker as killer:
-        return _park(spec, database, message_id, str(message_id), raw, killer.reason)
+        return park(spec, database, message_id, str(message_id), raw, killer.reason)
     except Exception as exc:
         seen.error = exc
-        if not _is_last_attempt(spec, runtime, message):
+        if not is_last_attempt(spec, runtime, message):
             raise
         reason = f"failed {seen.attempt} times, last: {type(exc).__name__}: {exc}"
         try:
-            return _park(spec, database, message_id, str(message_id), raw, reason)
+            return park(spec, database, message_id, str(message_id), raw, reason)
         except Exception:
             logger.exception("could not dead-letter %s %s; the broker will", spec.actor_name, message_id)
             raise exc from None
@@ -449,14 +213,14 @@ def _run(
             for write in ctx.refusal_writes:
                 write(conn)
             with step_tx.committing(conn):
-                _answer(ctx, spec, str(message_id), ok=False, error=str(failure))
+                answer(ctx, spec, str(message_id), ok=False, error=str(failure))
                 baton = handoff.prepare(runtime, database, spec.service, conn)
                 outbox.write_held(conn)
                 _before_commit(held, conn)
         else:
             outcome = Outcome.OK
             with step_tx.committing(conn):
-                _answer(ctx, spec, str(message_id), ok=True, result=result)
+                answer(ctx, spec, str(message_id), ok=True, result=result)
                 baton = handoff.prepare(runtime, database, spec.service, conn)
                 outbox.write_held(conn)
                 _before_commit(held, conn)
@@ -586,65 +350,3 @@ def _before_commit(held: HeldLock | None, conn: psycopg.Connection[Any]) -> None
     if held is not None:
         # Last statement before the commit: a fence check locks its row until then.
         held.before_commit(conn)
-
-
-def _answer(
-    ctx: StepContext,
-    spec: StepSpec,
-    message_id: str,
-    *,
-    ok: bool,
-    result: Any = None,
-    error: str | None = None,
-) -> None:
-    reply_to = ctx.options.get(REPLY_TO)
-    if not reply_to:
-        if not ok:
-            # Nobody waits for an answer: park the refusal where an operator will see it.
-            logger.warning("%s: business failure for %s: %s", spec.actor_name, message_id, error)
-            inbox.dead_letter(
-                ctx.conn,
-                spec.service,
-                spec.actor_name,
-                message_id,
-                {"args": [ctx.payload], "options": ctx.options},
-                f"business failure: {error}",
-            )
-        return
-    body = Reply(
-        in_reply_to=message_id,
-        ok=ok,
-        context=dict(reply_to.get("context") or {}),
-        result=to_json(result) if attrs.has(type(result)) else result,
-        error=error,
-    )
-    ctx.send(
-        body,
-        to=outbox.Address(reply_to["actor"], reply_to["queue"]),
-        ordering_key=reply_to.get("ordering_key"),
-    )
-
-
-def _is_last_attempt(spec: StepSpec, runtime: Runtime, message: dramatiq.Message[Any]) -> bool:
-    default = spec.actor_options.get("max_retries", runtime.settings.max_retries)
-    max_retries = message.options.get("max_retries", default)
-    return max_retries is not None and int(message.options.get("retries", 0)) >= int(max_retries)
-
-
-def _park(
-    spec: StepSpec,
-    database: Database,
-    message_id: uuid.UUID | None,
-    shown_id: str,
-    raw: dict[str, Any],
-    reason: str,
-) -> Outcome:
-    """Dead-letter a message once (the inbox record keeps a redelivery from parking it again)."""
-    with database.transaction() as conn:
-        if message_id is not None:
-            if not inbox.record(conn, spec.service, spec.actor_name, message_id):
-                return Outcome.DUPLICATE
-            inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
-        inbox.dead_letter(conn, spec.service, spec.actor_name, shown_id, raw, f"{spec.actor_name}: {reason}")
-    logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
-    return Outcome.DEAD_LETTERED

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 
 from actors.kill_and_recover import Child, KillAndRecover, Plan
 from brokers.kafka_config import parse_kafka_url
-from estafeta.steps.delivery import REPLY_TO
+from estafeta.steps.context import REPLY_TO
 
 from ..helpers import scalar, wait_until
 from ..kafka_support import Record, committed_offsets, read_topic
