@@ -57,8 +57,9 @@ from estafeta.locks.redis_lease import LockLost, LockServerUnavailable, RedisLoc
 from estafeta.messaging.messages import from_json, to_json
 from estafeta.messaging.outbox import Address, cancel, reschedule
 from estafeta.messaging.relaying import build_relay
+from estafeta.sagas.definition import SagaTransition
 from estafeta.sagas.model import NOTHING_TO_UNDO, SagaError, SagaNotFound, SagaState, SagaStep
-from estafeta.sagas.saga import Saga, SagaTransition
+from estafeta.sagas.saga import Saga
 from estafeta.sagas.watchdog import Watchdog
 from estafeta.schedules.scheduler import Scheduler
 from estafeta.schedules.spec import CatchUp, Overlap, Schedule
