@@ -23,12 +23,13 @@ The names below are the public API; every module under ``estafeta`` is private b
 
 from __future__ import annotations
 
-from estafeta.app.app import App, Service, load_app
+from estafeta.app.app import App, load_app
 from estafeta.app.binding import Binding
 from estafeta.app.clock import Clock
 from estafeta.app.errors import BusinessFailure, InvalidMessage, NoTransaction, RoutingError, SettingsError
 from estafeta.app.in_process import running
 from estafeta.app.runtime import Runtime
+from estafeta.app.service import Service
 from estafeta.app.settings import Settings
 from estafeta.events.aggregates import Aggregate, Repository, StreamNotFound, applies
 from estafeta.events.event_types import EventDecodeError, EventRegistry, EventRegistryError

@@ -66,7 +66,7 @@ from sql.migrate import Migration
 from sql.sagas import SagaRow
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.app.service import Service
 
 
 class Saga(SagaDefinition):

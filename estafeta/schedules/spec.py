@@ -27,7 +27,7 @@ from cronsim import CronSim, CronSimError
 from sql.errors import EstafetaError
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.app.service import Service
 
 #: The namespace of tick message ids: uuid5(namespace, "service.name@tick") is one id per tick.
 TICK_NAMESPACE = uuid.UUID("5b0e3d4c-6c0e-4c55-9a1f-0d3f7c1a2b61")
