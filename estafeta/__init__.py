@@ -23,8 +23,7 @@ The names below are the public API; every module under ``estafeta`` is private b
 
 from __future__ import annotations
 
-from estafeta.app.app import App, load_app
-from estafeta.app.binding import Binding
+from estafeta.app.app import App, Binding, load_app
 from estafeta.app.clock import Clock
 from estafeta.app.errors import BusinessFailure, InvalidMessage, NoTransaction, RoutingError, SettingsError
 from estafeta.app.in_process import running

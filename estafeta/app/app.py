@@ -2,16 +2,24 @@
 
 An :class:`App` assembles services (:class:`~estafeta.app.service.Service`) and may include
 other apps, whose steps its messages can reach; :meth:`App.bind` declares every step as a
-Dramatiq actor on a broker. Nothing here reads the environment or touches a broker until
+Dramatiq actor on a broker (:mod:`estafeta.app.binding` does the declaring) and returns
+the :class:`Binding`. Nothing here reads the environment or touches a broker until
 ``bind`` is called.
+
+Dependencies point one way: this module imports the service's and the binding's, and
+neither imports it (a service sees its app as :class:`~estafeta.app.service.ServiceApp`,
+the binding as :class:`~estafeta.app.binding.Bindable`).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import attrs
+
+from estafeta.app.binding import bind_app, bind_from_env
 from estafeta.app.service import Service
 from estafeta.schedules.spec import Schedule
 from estafeta.steps.spec import StepSpec
@@ -19,8 +27,8 @@ from estafeta.steps.spec import StepSpec
 if TYPE_CHECKING:
     import dramatiq
 
-    from estafeta.app.binding import Binding
     from estafeta.app.runtime import Runtime
+    from estafeta.app.settings import Settings
     from estafeta.sagas.saga import Saga
 
 
@@ -132,17 +140,33 @@ class App:
         projections, its projectors, one active per projection across all processes), and
         ``dramatiq`` workers consume one queue per service.
         """
-        from estafeta.app.binding import bind_app, bind_from_env
-
         if broker is None and runtime is None:
             if self._env_binding is None:
-                self._env_binding = bind_from_env(self, watchdog=watchdog, projectors=projectors)
+                self._env_binding = Binding(self, *bind_from_env(self, watchdog=watchdog, projectors=projectors))
             return self._env_binding
-        return bind_app(self, broker, runtime, watchdog=watchdog, projectors=projectors)
+        return Binding(self, *bind_app(self, broker, runtime, watchdog=watchdog, projectors=projectors))
 
     def migrate(self, runtime: Runtime, *, check: bool = False) -> dict[str, list[str]]:
         """Apply (or, with ``check``, only list) the pending migrations of every service, by service."""
         return runtime.migrate(self.services, check=check)
+
+
+@attrs.frozen
+class Binding:
+    """An app bound to a broker: what its workers, its relay and its CLI run with."""
+
+    app: App
+    #: The broker every step is declared on (Dramatiq's global broker).
+    broker: dramatiq.Broker
+    #: Settings, pools and the lock backend of this process.
+    runtime: Runtime
+    #: The declared actors, by name (``<service>.<step>``).
+    actors: Mapping[str, dramatiq.Actor[..., None]]
+
+    @property
+    def settings(self) -> Settings:
+        """The runtime's settings."""
+        return self.runtime.settings
 
 
 def load_app(spec: str) -> App:

@@ -4,7 +4,9 @@ A :class:`Service` owns a PostgreSQL schema of its own name (its business tables
 outbox, inbox and dead letters), a Dramatiq queue of that name, and its steps. It is apart
 from :mod:`estafeta.app.app` (the :class:`~estafeta.app.app.App` that assembles services and
 binds them to a broker) because everything declared on a service (its steps, sagas and
-schedules) needs the service, and none of it the binding.
+schedules) needs the service, and none of it the binding. A service knows its app only as
+:class:`ServiceApp` (its name, and the steps a message type reaches), so this module does
+not import the app's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import psycopg
 
@@ -24,12 +26,11 @@ from estafeta.events.projections import Projection
 from estafeta.events.store import EventRegistry, EventStore
 from estafeta.messaging import outbox as outbox
 from estafeta.schedules.spec import CatchUp, Overlap, Schedule, timing_of
-from estafeta.steps.spec import StepSpec
+from estafeta.steps.spec import Router, StepSpec
 from sql import migrate
 from sql.plan import Statement
 
 if TYPE_CHECKING:
-    from estafeta.app.app import App
     from estafeta.sagas.saga import Saga
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -40,6 +41,18 @@ COMMON_MIGRATIONS = "_common"
 EVENTS_MIGRATIONS = "_events"
 #: The schedules table, for services that declare a schedule (:meth:`Service.schedule`).
 SCHEDULES_MIGRATIONS = "_schedules"
+
+
+class ServiceApp(Router, Protocol):
+    """The app a service belongs to (an :class:`estafeta.App`), as the service sees it.
+
+    The steps handling each message type (:meth:`handlers`: where the service's messages
+    go), and the app's name (for errors).
+    """
+
+    @property
+    def name(self) -> str:
+        """The app's name."""
 
 
 class Service:
@@ -61,7 +74,7 @@ class Service:
         self._builtin: list[str] = [COMMON_MIGRATIONS]
         self._steps: dict[str, StepSpec] = {}
         self._sagas: list[Saga] = []
-        self._app: App | None = None
+        self._app: ServiceApp | None = None
         #: The service's event store, once it opted in with :meth:`use_events`.
         self.event_store: EventStore | None = None
         self._aggregates: list[type] = []
@@ -226,14 +239,14 @@ class Service:
         ]
 
     @property
-    def app(self) -> App:
+    def app(self) -> ServiceApp:
         """The app this service belongs to."""
         if self._app is None:
             raise RoutingError(f"service {self.name} belongs to no App: declare App(..., services=[...]) first")
         return self._app
 
     @property
-    def router(self) -> App:
+    def router(self) -> ServiceApp:
         """Where this service's messages are routed: its app."""
         return self.app
 
@@ -269,7 +282,7 @@ class Service:
         require_transaction(conn, "Service.publish")
         return outbox.publish(conn, event, service=self.name, router=self.router, **options)
 
-    def _join(self, app: App) -> None:
+    def _join(self, app: ServiceApp) -> None:
         if self._app is not None and self._app is not app:
             raise ValueError(f"service {self.name} already belongs to app {self._app.name!r}")
         self._app = app

@@ -40,15 +40,17 @@ is in the modules beside it, each a function of the saga's :class:`SagaDefinitio
 commands (:mod:`estafeta.sagas.commands`), the replies (:mod:`estafeta.sagas.replies`), the
 moves they make (:mod:`estafeta.sagas.moves`), each move's log entry and hook
 (:mod:`estafeta.sagas.saga_log`), and the deadlines and operators
-(:mod:`estafeta.sagas.interventions`).
+(:mod:`estafeta.sagas.interventions`). A saga knows the service it is declared on only as
+:class:`SagaService`, so that the service's module, which lists its sagas, and this one do
+not import each other.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -59,14 +61,32 @@ from estafeta.sagas.definition import SagaDefinition, TransitionHook
 from estafeta.sagas.model import SagaState, SagaStep, as_timedelta, taken
 from estafeta.sagas.saga_metrics import TRANSITIONS
 from estafeta.steps.delivery import Reply, StepContext
-from estafeta.steps.spec import StepSpec
+from estafeta.steps.spec import Owner, StepSpec
 from sql import plan
 from sql import sagas as store
 from sql.migrate import Migration
 from sql.sagas import SagaRow
 
-if TYPE_CHECKING:
-    from estafeta.app.service import Service
+
+class SagaService(Owner, Protocol):
+    """The service a saga is declared on (an :class:`estafeta.Service`), as the saga sees it.
+
+    Its name (the schema of the saga's table, the outbox of its commands), its app (the
+    :attr:`router` of its commands), and what declaring the saga does on it: declare the
+    orchestrator step, and record the saga among the service's.
+    """
+
+    @property
+    def name(self) -> str:
+        """The service's name."""
+
+    def step(
+        self, handles: type, *, name: str | None = None, opening: Callable[[Any], plan.Statement | None] | None = None
+    ) -> Callable[[Callable[..., Any]], StepSpec]:
+        """Declare a step of the service (:meth:`estafeta.Service.step`)."""
+
+    def adopt_saga(self, saga: Saga) -> None:
+        """Record a saga orchestrated by the service."""
 
 
 class Saga(SagaDefinition):
@@ -102,7 +122,7 @@ class Saga(SagaDefinition):
         self,
         name: str,
         *,
-        service: Service,
+        service: SagaService,
         data: type,
         key: str,
         steps: Sequence[SagaStep],
