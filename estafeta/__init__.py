@@ -23,12 +23,12 @@ The names below are the public API; every module under ``estafeta`` is private b
 
 from __future__ import annotations
 
-from estafeta.app.app import App, Service, load_app
-from estafeta.app.binding import Binding
+from estafeta.app.app import App, Binding, load_app
 from estafeta.app.clock import Clock
 from estafeta.app.errors import BusinessFailure, InvalidMessage, NoTransaction, RoutingError, SettingsError
 from estafeta.app.in_process import running
 from estafeta.app.runtime import Runtime
+from estafeta.app.service import Service
 from estafeta.app.settings import Settings
 from estafeta.events.aggregates import Aggregate, Repository, StreamNotFound, applies
 from estafeta.events.event_types import EventDecodeError, EventRegistry, EventRegistryError
@@ -57,8 +57,9 @@ from estafeta.locks.redis_lease import LockLost, LockServerUnavailable, RedisLoc
 from estafeta.messaging.messages import from_json, to_json
 from estafeta.messaging.outbox import Address, cancel, reschedule
 from estafeta.messaging.relaying import build_relay
+from estafeta.sagas.definition import SagaTransition
 from estafeta.sagas.model import NOTHING_TO_UNDO, SagaError, SagaNotFound, SagaState, SagaStep
-from estafeta.sagas.saga import Saga, SagaTransition
+from estafeta.sagas.saga import Saga
 from estafeta.sagas.watchdog import Watchdog
 from estafeta.schedules.scheduler import Scheduler
 from estafeta.schedules.spec import CatchUp, Overlap, Schedule

@@ -35,7 +35,7 @@ from sql import outbox as store
 from sql.plan import NeedsSyncConnection, run_async
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.app.service import Service
     from estafeta.sagas.saga import Saga
 
 __all__ = [

@@ -41,7 +41,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import Environment, EnvType, resolve_topic, strtobool
 
-from estafeta.app.app import Service
+from estafeta.app.service import Service
 from estafeta.events.es_store import MIGRATIONS, Store, data_to_state, state_to_data
 from sql import eventsourcing_store as rows
 from sql.event_store import WAKE_CHANNEL

@@ -12,7 +12,7 @@ import pytest
 from actors import order_events, order_history
 from actors.order_saga import ORDER_SAGA
 from estafeta import Clock, Reply, Runtime, Saga, SagaError, SagaStep, Service, Watchdog
-from estafeta.sagas.saga import REPLIES
+from estafeta.sagas.saga_metrics import REPLIES
 from estafeta.testing import VirtualClock
 from sql import sagas
 

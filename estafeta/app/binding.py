@@ -1,12 +1,18 @@
-"""Binding an app: its steps declared as Dramatiq actors on a broker, run with a runtime."""
+"""Binding an app: its steps declared as Dramatiq actors on a broker, run with a runtime.
+
+:meth:`estafeta.App.bind` calls :func:`bind_app` (or :func:`bind_from_env`) and makes the
+:class:`~estafeta.app.app.Binding` of what it returns. The functions here see the app only as
+:class:`Bindable` (its services, steps, sagas and schedules): the app's module imports this
+one, never the other way round, and nothing this one imports (the watchdog, the scheduler,
+the pruner it adds to the broker) needs the app's either.
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-import attrs
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
@@ -35,14 +41,39 @@ from estafeta.schedules.scheduler import SchedulerMiddleware
 from estafeta.steps.declare import declare_actors
 
 if TYPE_CHECKING:
-    from estafeta.app.app import App
+    from estafeta.app.service import Service
+    from estafeta.sagas.saga import Saga
+    from estafeta.schedules.spec import Schedule
+    from estafeta.steps.spec import StepSpec
 
 
-@attrs.frozen
-class Binding:
-    """An app bound to a broker: what its workers, its relay and its CLI run with."""
+class Bindable(Protocol):
+    """What binding needs of an app (an :class:`estafeta.App`): what its workers serve and run."""
 
-    app: App
+    @property
+    def services(self) -> list[Service]:
+        """Every service the app's workers serve."""
+
+    @property
+    def service_names(self) -> list[str]:
+        """Their names."""
+
+    @property
+    def steps(self) -> dict[str, StepSpec]:
+        """Every step, by actor name."""
+
+    @property
+    def sagas(self) -> list[Saga]:
+        """Every saga kind (the watchdog's, the pruner's, the metrics')."""
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """Every recurring schedule (the scheduler's)."""
+
+
+class Declared(NamedTuple):
+    """An app's steps declared on a broker: the fields of a :class:`~estafeta.app.app.Binding` but its app."""
+
     #: The broker every step is declared on (Dramatiq's global broker).
     broker: dramatiq.Broker
     #: Settings, pools and the lock backend of this process.
@@ -50,15 +81,10 @@ class Binding:
     #: The declared actors, by name (``<service>.<step>``).
     actors: Mapping[str, dramatiq.Actor[..., None]]
 
-    @property
-    def settings(self) -> Settings:
-        """The runtime's settings."""
-        return self.runtime.settings
-
 
 def bind_app(
-    app: App, broker: dramatiq.Broker | None, runtime: Runtime | None, *, watchdog: bool, projectors: bool = True
-) -> Binding:
+    app: Bindable, broker: dramatiq.Broker | None, runtime: Runtime | None, *, watchdog: bool, projectors: bool = True
+) -> Declared:
     """Declare ``app``'s steps on ``broker`` (built from the runtime's settings if ``None``)."""
     runtime = runtime or Runtime(Settings.from_env())
     if broker is None:
@@ -84,10 +110,10 @@ def bind_app(
         _prune(broker, runtime, app)
     if projectors:
         _project(broker, runtime, app)
-    return Binding(app, broker, runtime, actors)
+    return Declared(broker, runtime, actors)
 
 
-def _warn_of_moved_clocks(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+def _warn_of_moved_clocks(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
     # Every `dramatiq` worker process says at boot which of its services' clocks are moved.
     existing = find_middleware(broker, MovedClockWarning)
     if existing is None:
@@ -96,7 +122,7 @@ def _warn_of_moved_clocks(broker: dramatiq.Broker, runtime: Runtime, app: App) -
     existing.services.extend(s for s in app.service_names if s not in existing.services)
 
 
-def _schedule(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+def _schedule(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
     # Every worker process fires due schedules; the row lock makes each tick fire once.
     existing = find_middleware(broker, SchedulerMiddleware)
     if existing is None:
@@ -105,7 +131,7 @@ def _schedule(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     existing.schedules.extend(s for s in app.schedules if s not in existing.schedules)
 
 
-def _prune(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+def _prune(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
     # Every worker process prunes the app's tables now and then (ESTAFETA_PRUNE_INTERVAL).
     existing = find_middleware(broker, PruneMiddleware)
     if existing is None:
@@ -114,7 +140,7 @@ def _prune(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
         existing.adopt(app.services, app.sagas)
 
 
-def _project(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+def _project(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
     # Every worker process runs the app's projectors (one applies each projection, the others stand by).
     found = [
         Projector(projection, service.event_store)
@@ -126,7 +152,7 @@ def _project(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
         broker.add_middleware(ProjectorsMiddleware(runtime, found))
 
 
-def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
+def _watch(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
     # Every worker process watches saga deadlines: restarting the workers resumes every saga.
     existing = find_middleware(broker, WatchdogMiddleware)
     if existing is None:
@@ -135,7 +161,7 @@ def _watch(broker: dramatiq.Broker, runtime: Runtime, app: App) -> None:
     existing.sagas.extend(saga for saga in app.sagas if saga not in existing.sagas)
 
 
-def bind_from_env(app: App, *, watchdog: bool, projectors: bool = True) -> Binding:
+def bind_from_env(app: Bindable, *, watchdog: bool, projectors: bool = True) -> Declared:
     """``bind_app`` with the ``ESTAFETA_*`` settings; a bad one ends the process with one line, exit code 2."""
     try:
         settings = Settings.from_env()

@@ -19,7 +19,7 @@ from brokers.relay import Relay
 from estafeta.messaging.relaying import build_relay
 
 if TYPE_CHECKING:
-    from estafeta.app.binding import Binding
+    from estafeta.app.app import Binding
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 _warned_max_age: set[str] = set()
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.app.service import Service
     from estafeta.sagas.saga import Saga
 
 __all__ = [

@@ -45,8 +45,8 @@ from sql import plan
 from sql.errors import DatabaseError, DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
     from estafeta.app.runtime import Runtime
+    from estafeta.app.service import Service
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import dramatiq
@@ -28,7 +28,21 @@ from sql.heartbeats import HeartbeatRow
 from sql.pool import Database
 
 if TYPE_CHECKING:
-    from estafeta.app.app import App
+    from estafeta.app.service import Service
+    from estafeta.steps.spec import StepSpec
+
+
+class ServedApp(Protocol):
+    """What liveness needs of an app (an :class:`estafeta.App`): its services and its steps."""
+
+    @property
+    def services(self) -> list[Service]:
+        """Every service of the app."""
+
+    @property
+    def steps(self) -> dict[str, StepSpec]:
+        """Every step, by actor name."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +84,7 @@ class ServiceSpec:
     projections: Sequence[str] = ()
 
     @classmethod
-    def of_app(cls, app: App) -> list[ServiceSpec]:
+    def of_app(cls, app: ServedApp) -> list[ServiceSpec]:
         """The specs of every service of ``app``."""
         queues = {spec.queue_name for spec in app.steps.values()}
         return [cls(s.name, s.name in queues, [p.name for p in s.projections]) for s in app.services]
@@ -203,7 +217,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def app_liveness(app: App, database_of: Callable[[str], Database], broker: dramatiq.Broker | None) -> Liveness:
+def app_liveness(app: ServedApp, database_of: Callable[[str], Database], broker: dramatiq.Broker | None) -> Liveness:
     """:func:`read_liveness` of every service of ``app``."""
     return read_liveness(ServiceSpec.of_app(app), database_of, broker)
 

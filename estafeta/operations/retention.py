@@ -39,7 +39,7 @@ from sql import sagas
 from sql.errors import DatabaseError, EstafetaError
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.app.service import Service
     from estafeta.sagas.saga import Saga
 
 logger = logging.getLogger(__name__)

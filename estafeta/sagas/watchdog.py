@@ -44,7 +44,8 @@ from estafeta.app.middleware import WorkerThread
 from estafeta.app.runtime import Runtime
 from estafeta.observability import tracing as tracing
 from estafeta.sagas.model import SagaStuck
-from estafeta.sagas.saga import TRANSITIONS, Saga
+from estafeta.sagas.saga import Saga
+from estafeta.sagas.saga_metrics import TRANSITIONS
 from sql import sagas as store
 from sql.errors import DatabaseError, DatabaseUnavailable
 from sql.sagas import SagaRow

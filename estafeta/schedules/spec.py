@@ -27,7 +27,7 @@ from cronsim import CronSim, CronSimError
 from sql.errors import EstafetaError
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.steps.spec import Router
 
 #: The namespace of tick message ids: uuid5(namespace, "service.name@tick") is one id per tick.
 TICK_NAMESPACE = uuid.UUID("5b0e3d4c-6c0e-4c55-9a1f-0d3f7c1a2b61")
@@ -151,12 +151,32 @@ def _outside_repeated_hours(when: datetime, zone: ZoneInfo) -> datetime:
     return when
 
 
+class ScheduleService(Protocol):
+    """The service a schedule is declared on (an :class:`estafeta.Service`), as the schedule and its scheduler see it.
+
+    Only what firing a tick needs, so that the service's module, which declares schedules,
+    and this one do not import each other.
+    """
+
+    @property
+    def name(self) -> str:
+        """The service's name: the schema of its schedules table, the outbox of the ticks' commands."""
+
+    @property
+    def router(self) -> Router:
+        """Where a tick's command is routed: the service's app."""
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """Every schedule the service declares."""
+
+
 class Schedule:
     """A declared recurring schedule: when it ticks, what each tick sends, and its policies."""
 
     def __init__(
         self,
-        service: Service,
+        service: ScheduleService,
         name: str,
         timing: Timing,
         fn: Callable[[datetime], Any],

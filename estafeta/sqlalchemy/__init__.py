@@ -40,7 +40,7 @@ from sql.errors import EstafetaError
 from ._step_session import Lent, SessionRolledBack, session
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.app.service import Service
     from estafeta.sagas.saga import Saga
 
 __all__ = [

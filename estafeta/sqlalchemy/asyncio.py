@@ -32,7 +32,7 @@ from .. import aio
 from . import NoTransaction, checked
 
 if TYPE_CHECKING:
-    from estafeta.app.app import Service
+    from estafeta.app.service import Service
     from estafeta.sagas.saga import Saga
 
 __all__ = ["AsyncSessionHandler", "append_events", "connection", "publish", "run_idempotent", "send", "start_saga"]
