@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from estafeta import Scheduler
 
 if TYPE_CHECKING:
-    from .console import Console
+    from .routes import Console
 
 
 def add_routes(console: Console) -> None:
