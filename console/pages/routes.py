@@ -137,7 +137,7 @@ class Console:
         self.router.add_api_route("/outbox/scheduled", self.scheduled, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts", self.charts_page, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts/frame", self.charts_frame, methods=["GET"], response_class=HTMLResponse)
-        console_schedules.add_routes(self)
+        console_schedules.add_routes(self.router, app, runtime, self._page)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])

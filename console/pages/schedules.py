@@ -7,22 +7,23 @@ stay with ``estafeta schedules`` (an operator's command, logged where it ran).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-from estafeta import Scheduler
+from estafeta import App, Runtime, Scheduler
 
-if TYPE_CHECKING:
-    from .routes import Console
+#: How the console renders a page: a template's name and what it shows.
+Render = Callable[..., HTMLResponse]
 
 
-def add_routes(console: Console) -> None:
-    """Route ``/console/schedules`` on ``console``'s router."""
+def add_routes(router: APIRouter, app: App, runtime: Runtime, page: Render) -> None:
+    """Route ``/schedules`` on ``router`` (the console's), reading ``app``'s schedules through ``runtime``."""
 
     def schedules_page() -> HTMLResponse:
         """Every declared schedule: timing, policies, next and last firing, last run, last outcome."""
-        states = Scheduler(console.runtime, console.app.schedules).states()
-        return console._page("console_schedules.html", schedules=[s.as_dict() for s in states])
+        states = Scheduler(runtime, app.schedules).states()
+        return page("console_schedules.html", schedules=[s.as_dict() for s in states])
 
-    console.router.add_api_route("/schedules", schedules_page, methods=["GET"], response_class=HTMLResponse)
+    router.add_api_route("/schedules", schedules_page, methods=["GET"], response_class=HTMLResponse)
