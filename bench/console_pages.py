@@ -228,8 +228,8 @@ def all_on_one_page(dsn: str, browser: Any, repeat: int, tmp: Path) -> dict[str,
     page as long as the table, written to a file and loaded in Chromium.
     """
     from actors.app import app as order_system
-    from cli import console_lists
-    from cli.console import Console
+    from console.data import lists as console_lists
+    from console.pages.routes import Console
 
     runtime = Runtime(Settings(database_url=dsn))
     try:

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from actors.app import app as order_system
 from actors.http import ApiOptions, OrderApi
-from cli.web import WebOptions, create_app
+from console.server.web import WebOptions, create_app
 from estafeta import Runtime, Settings
 
 

@@ -12,6 +12,7 @@ import attrs
 import click
 from prometheus_client import start_http_server
 
+from console.data.aggregates import aggregate_state
 from estafeta import EventStore, Projection, Projector, Service, run_projectors
 from estafeta.app.clock import warn_if_moved
 from estafeta.events.projection_ops import projection_status, rebuild
@@ -254,22 +255,6 @@ def _one_service(name: str | None) -> Service:
     if len(services) > 1:
         raise click.BadParameter("several services have an event store: name one", param_hint="--service")
     return services[0]
-
-
-def aggregate_state(
-    conn: Any, service: Service, store: EventStore, stream_id: str, version: int | None, as_of: datetime | None
-) -> dict[str, Any] | None:
-    """The state of the stream's aggregate, when the service declared one for its stream type."""
-    from estafeta import Repository
-    from sql import event_store
-
-    found = event_store.stream_state(conn, service.name, stream_id)
-    kinds = {getattr(cls, "stream_type", None) or cls.__name__: cls for cls in service.aggregates}
-    cls = kinds.get(found.type) if found else None
-    if cls is None:
-        return None
-    aggregate: Any = Repository(store, cls).load(conn, stream_id, version=version, as_of=as_of)
-    return {"version": aggregate.version, **json.loads(json.dumps(attrs.asdict(aggregate), default=str))}
 
 
 COMMANDS = [projections_group, events_group]

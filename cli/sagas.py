@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 
+from console import saga_labels
 from estafeta import SagaError, SagaNotFound, Watchdog
 from sql import sagas
 
-from . import saga_labels
 from .context import current
 from .saga_start import start_command
 

@@ -157,7 +157,7 @@ def build(
     listener: WebListener | None = None,
 ) -> FastAPI:
     """The ASGI app: the order API when the app is the order system, /health and the console always."""
-    from .web import WebOptions, create_app
+    from console.server.web import WebOptions, create_app
 
     runtime = context.runtime
     routers, pruners = [], []

@@ -14,7 +14,7 @@ from typing import Any
 
 import schemathesis
 
-from cli.web import KEY_PATTERN
+from console.server.web import KEY_PATTERN
 
 _KEY = re.compile(KEY_PATTERN)
 

@@ -17,9 +17,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from actors.app import app as order_system
-from cli import console_charts
-from cli.console_charts import Axis, BadWindow, parse_window
-from cli.web import WebOptions, create_app
+from console import charts as console_charts
+from console.charts import Axis, BadWindow, parse_window
+from console.server.web import WebOptions, create_app
 from estafeta import Runtime
 
 SVG = "{http://www.w3.org/2000/svg}"

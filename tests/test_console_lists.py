@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 
 from actors.app import app as order_system
 from actors.order_saga import ORDER_SAGA
-from cli.web import WebOptions, create_app
+from console.server.web import WebOptions, create_app
 from estafeta import Runtime
 from sql import sagas
 

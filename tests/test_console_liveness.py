@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from actors.app import app as order_system
-from cli.web import WebOptions, create_app
+from console.server.web import WebOptions, create_app
 from estafeta import Runtime
 from estafeta.observability.heartbeats import Heartbeat, Kind, Role
 from sql import clock

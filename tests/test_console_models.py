@@ -21,8 +21,9 @@ from actors.app import app as order_system
 from actors.order_events import STORE, stream_id
 from actors.order_history import OrderSummary
 from actors.order_saga import ORDER_SAGA
-from cli import console_data, saga_labels
-from cli.web import WebOptions, create_app
+from console import saga_labels
+from console.data import overview as console_data
+from console.server.web import WebOptions, create_app
 from estafeta import Projector, Runtime
 from estafeta.events.projection_ops import observe_batch
 from sql import projection_store

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from actors.order_saga import ORDER_SAGA
-from cli import saga_diagram
+from console import saga_diagram
 from estafeta import NOTHING_TO_UNDO, Saga, SagaStep, Service
 from sql.sagas import LogEntry, SagaRow
 

@@ -146,7 +146,7 @@ def test_one_database_gone_holds_only_the_schedules_that_need_it(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from cli.web import WebOptions, create_app
+    from console.server.web import WebOptions, create_app
 
     runtime = runtime_far
     broker = StubBroker()

@@ -432,7 +432,7 @@ def test_the_console_shows_each_schedule_s_next_and_last_firing_its_last_run_and
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from cli.web import WebOptions, create_app
+    from console.server.web import WebOptions, create_app
 
     clock = only(ticker, "slow", "broken")
     clock.set(datetime(2026, 6, 1, 12, 1, tzinfo=UTC))

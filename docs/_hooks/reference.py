@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.MULTILINE)
 #: The packages whose modules define estafeta's metrics.
-METRIC_PACKAGES = ("estafeta", "brokers", "cli")
+METRIC_PACKAGES = ("estafeta", "brokers", "cli", "console")
 #: Collectors that have no module-level instance: how to make one to ask for its families.
 COLLECTOR_FACTORIES: dict[str, Callable[[type[Any]], Collector]] = {
     "TablesCollector": lambda cls: cls([], [], 300.0),
@@ -151,7 +151,7 @@ def _modules(package: str) -> Iterator[Any]:
 
 
 def metrics() -> list[MetricDoc]:
-    """Every metric family the modules of ``estafeta``, ``brokers`` and ``cli`` define, by name."""
+    """Every metric family the modules of ``estafeta``, ``brokers``, ``cli`` and ``console`` define, by name."""
     found: dict[str, MetricDoc] = {}
     for package in METRIC_PACKAGES:
         for module in _modules(package):

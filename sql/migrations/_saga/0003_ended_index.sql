@@ -1,4 +1,4 @@
--- The console's charts (`/console/charts`, cli/console_charts.py) count the sagas that
+-- The console's charts (`/console/charts`, console/charts.py) count the sagas that
 -- completed or compensated in each minute of a window: this index walks only that window
 -- of ended sagas instead of scanning the table (bench: 1,000,000 sagas, see
 -- docs/how-to/http.md). Live sagas (completed_at NULL) and failed ones are left out.

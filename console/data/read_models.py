@@ -2,7 +2,7 @@
 
 The same readings as ``estafeta projections status``, ``estafeta events show`` and
 ``estafeta outbox scheduled``, shaped for a page. A query string value the console cannot
-use is a :class:`~cli.console_lists.BadFilter` naming the parameter, in one line.
+use is a :class:`~console.data.lists.BadFilter` naming the parameter, in one line.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from sql import event_store, outbox, projection_store
 from sql.event_store import StoredEvent
 from sql.outbox import ScheduledRow
 
-from .console_lists import BadFilter
-from .projections import aggregate_state
+from .aggregates import aggregate_state
+from .lists import BadFilter
 
 #: Recent events read to name the streams written last (one index scan over positions).
 RECENT_EVENTS = 200

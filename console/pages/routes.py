@@ -19,7 +19,7 @@ With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actio
 console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,
 no script and no session to sign, and the form token is handed only to who gave it. Basic
 auth sends the password with each request: serve the console over TLS or on loopback only.
-Wrong passwords are slowed, then locked out, per client (:mod:`cli.console_guard`), and an
+Wrong passwords are slowed, then locked out, per client (:mod:`console.server.sign_in`), and an
 action's notice is shown only with this process's signature.
 """
 
@@ -46,17 +46,14 @@ from estafeta.app.settings import CONSOLE_PASSWORD_MIN_LENGTH
 from estafeta.operations.dead_letter_replay import ReplayOutcome, replay
 from sql import outbox
 
-from . import (
-    console_charts,
-    console_data,
-    console_guard,
-    console_lists,
-    console_liveness,
-    console_models,
-    console_schedules,
-    saga_diagram,
-    saga_labels,
-)
+from .. import charts as console_charts
+from .. import saga_diagram, saga_labels
+from ..data import lists as console_lists
+from ..data import liveness as console_liveness
+from ..data import overview as console_data
+from ..data import read_models as console_models
+from ..server import sign_in
+from . import schedules as console_schedules
 
 logger = logging.getLogger(__name__)
 #: Headers of every console page: no framing (clickjacking of the actions), and no script but
@@ -113,13 +110,13 @@ class Console:
         self.allow_actions = allow_actions
         self._password = password
         #: Wrong passwords per client: slowed, then locked out.
-        self.sign_ins = console_guard.SignIns()
+        self.sign_ins = sign_in.SignIns()
         #: Notices are shown only with this process's signature (a link cannot write one).
-        self.notices = console_guard.Notices()
+        self.notices = sign_in.Notices()
         # Forms carry it; a POST without it is refused (cross-site request forgery).
         self.token = secrets.token_urlsafe(32)
         self.pages = jinja2.Environment(
-            loader=jinja2.PackageLoader("cli", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+            loader=jinja2.PackageLoader("console.pages", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
         )
         self.pages.filters["age"] = console_data.age
         self.pages.filters["deadline"] = console_data.deadline
@@ -141,7 +138,7 @@ class Console:
         self.router.add_api_route("/outbox/scheduled", self.scheduled, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts", self.charts_page, methods=["GET"], response_class=HTMLResponse)
         self.router.add_api_route("/charts/frame", self.charts_frame, methods=["GET"], response_class=HTMLResponse)
-        console_schedules.add_routes(self)
+        console_schedules.add_routes(self.router, app, runtime, self._page)
         if allow_actions:
             self.router.add_api_route("/outbox/retry", self.retry_rows, methods=["POST"])
             self.router.add_api_route("/dead-letters/replay", self.replay_dead_letters, methods=["POST"])
@@ -152,7 +149,7 @@ class Console:
         """The operator's user name, once the request carries the password (HTTP Basic auth); else 401.
 
         A client that keeps sending wrong passwords is slowed, then locked out (429, see
-        :mod:`cli.console_guard`); a request with no credentials (a browser before its prompt)
+        :mod:`console.server.sign_in`); a request with no credentials (a browser before its prompt)
         costs nothing.
         """
         assert self._password is not None
@@ -174,15 +171,13 @@ class Console:
         if scheme:  # a guess: counted (a metric), never logged one by one
             lockout = self.sign_ins.failed(client)
             if lockout is not None:
-                raise _too_many(console_guard.Refusal.LOCKED_OUT, lockout)
+                raise _too_many(sign_in.Refusal.LOCKED_OUT, lockout)
         raise Problem(
             "the console needs the operator's password (HTTP Basic auth; any user name)",
             status=401,
             title="Unauthorized",
             headers={"WWW-Authenticate": 'Basic realm="estafeta console", charset="UTF-8"'},
         )
-
-    # -- pages ---------------------------------------------------------------------------
 
     def overview(self, notice: str | None = None, sig: str | None = None) -> HTMLResponse:
         """Outboxes, failed rows, dead letters by cause, sagas by status, stuck and failed sagas."""
@@ -387,8 +382,8 @@ class Console:
         return self._page("console_missing.html", reason=why, status=status)
 
 
-def _too_many(why: console_guard.Refusal, wait: float) -> Problem:
-    what = "locked out" if why is console_guard.Refusal.LOCKED_OUT else "slowed down"
+def _too_many(why: sign_in.Refusal, wait: float) -> Problem:
+    what = "locked out" if why is sign_in.Refusal.LOCKED_OUT else "slowed down"
     return Problem(
         f"too many wrong operator passwords from this address: {what}, try again in {math.ceil(wait)} s",
         status=429,

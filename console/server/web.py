@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import estafeta
 from estafeta import PROBLEM_JSON, App, DatabaseUnavailable, Problem, Runtime, StatementFailed
 
-from .console import Console
+from ..pages.routes import Console
 
 logger = logging.getLogger(__name__)
 
