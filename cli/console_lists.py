@@ -17,7 +17,7 @@ import attrs
 
 from estafeta import App, Runtime, Saga, SagaStep
 from estafeta.operations.dead_letters import DeadLetter, cause_of, groups
-from sql import dead_letters, outbox, sagas
+from sql import dead_letters, outbox_admin, sagas
 
 #: Sagas on one page of a list.
 PAGE = 50
@@ -199,5 +199,5 @@ def read_failed_rows(app: App, runtime: Runtime, service: str | None, limit: int
     found = []
     for name in [service] if service else app.service_names:
         with runtime.database(name).connection() as conn:
-            found += [{"service": name, **row} for row in outbox.list_failed(conn, name, limit)]
+            found += [{"service": name, **row} for row in outbox_admin.list_failed(conn, name, limit)]
     return found
