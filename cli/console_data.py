@@ -13,7 +13,7 @@ from markupsafe import Markup, escape
 
 from estafeta import App, Runtime, Saga
 from estafeta.operations.dead_letters import Group, groups
-from sql import outbox_admin, sagas
+from sql import outbox_admin, saga_reports
 from sql.outbox_admin import OutboxStats
 from sql.sagas import LogEntry, SagaRow
 
@@ -85,13 +85,14 @@ def read_overview(app: App, runtime: Runtime) -> Overview:
     kinds, stuck, failed = [], [], []
     for saga in app.sagas:
         with runtime.database(saga.service).connection() as conn:
-            kinds.append(SagaKind(saga, sagas.count_by_status(conn, saga.table)))
+            kinds.append(SagaKind(saga, saga_reports.count_by_status(conn, saga.table)))
             stuck += [
-                SagaLine(saga.name, r) for r in sagas.search(conn, saga.table, status=None, stuck=True, limit=LIMIT)
+                SagaLine(saga.name, r)
+                for r in saga_reports.search(conn, saga.table, status=None, stuck=True, limit=LIMIT)
             ]
             failed += [
                 SagaLine(saga.name, r)
-                for r in sagas.search(conn, saga.table, status="failed", stuck=False, limit=LIMIT)
+                for r in saga_reports.search(conn, saga.table, status="failed", stuck=False, limit=LIMIT)
             ]
     dead_letters = sorted(groups(runtime, app.service_names), key=lambda g: (-g.count, g.service))[:LIMIT]
     return Overview(outboxes, failed_rows, dead_letters, kinds, stuck, failed)

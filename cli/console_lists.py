@@ -17,7 +17,7 @@ import attrs
 
 from estafeta import App, Runtime, Saga, SagaStep
 from estafeta.operations.dead_letters import DeadLetter, cause_of, groups
-from sql import dead_letters, outbox_admin, sagas
+from sql import dead_letters, outbox_admin, saga_reports, sagas
 
 #: Sagas on one page of a list.
 PAGE = 50
@@ -37,7 +37,7 @@ class SagaQuery:
     """A saga list as asked for: a kind (``None``: every kind) and the filter."""
 
     kind: str | None
-    where: sagas.ListFilter
+    where: saga_reports.ListFilter
 
     def link(self, **changes: Any) -> str:
         """This list's URL, with ``changes`` (``after=...``) applied."""
@@ -87,7 +87,7 @@ def parse_saga_query(app: App, params: Mapping[str, str]) -> SagaQuery:
     since, until = _time(params, "since"), _time(params, "until")
     if since and until and since >= until:
         raise BadFilter("since: must be before until")
-    where = sagas.ListFilter(status, step, since, until, _text(params, "error"), _cursor(params.get("after")))
+    where = saga_reports.ListFilter(status, step, since, until, _text(params, "error"), _cursor(params.get("after")))
     return SagaQuery(kind, where)
 
 
@@ -138,7 +138,9 @@ def read_saga_list(app: App, runtime: Runtime, query: SagaQuery, page: int = PAG
     found: list[SagaListLine] = []
     for saga in _kinds(app, query):
         with runtime.database(saga.service).connection() as conn:
-            found += [SagaListLine(saga.name, row) for row in sagas.list_page(conn, saga.table, query.where, page + 1)]
+            found += [
+                SagaListLine(saga.name, row) for row in saga_reports.list_page(conn, saga.table, query.where, page + 1)
+            ]
     found.sort(key=lambda line: (line.row.started_at, line.row.saga_id), reverse=True)
     lines = found[:page]
     next_page = None

@@ -191,7 +191,7 @@ def _place(runtime: Runtime, plan: OrderPlan) -> list[uuid.UUID]:
 
 def _wait(runtime: Runtime, saga_ids: list[uuid.UUID], timeout: float, quiet: bool) -> int:
     from actors.order_saga import ORDER_SAGA
-    from sql import sagas
+    from sql import saga_reports
 
     deadline = time.monotonic() + timeout
     ended = 0
@@ -201,7 +201,7 @@ def _wait(runtime: Runtime, saga_ids: list[uuid.UUID], timeout: float, quiet: bo
         while ended < len(saga_ids) and time.monotonic() < deadline:
             time.sleep(0.2)
             with runtime.database("orders").connection() as conn:
-                now = sagas.count_ended(conn, ORDER_SAGA.table, saga_ids)
+                now = saga_reports.count_ended(conn, ORDER_SAGA.table, saga_ids)
             bar.update(now - ended)
             ended = now
     return ended
@@ -330,11 +330,11 @@ def _summary(
     runtime: Runtime, plan: OrderPlan, saga_ids: list[uuid.UUID], harness: Harness, absorbed: int | None
 ) -> dict[str, Any]:
     from actors.order_saga import ORDER_SAGA, reconcile
-    from sql import sagas
+    from sql import saga_reports
 
     with runtime.database("orders").connection() as conn:
-        outcomes = sagas.outcomes(conn, ORDER_SAGA.table, saga_ids)
-        latency = sagas.latency(conn, ORDER_SAGA.table, saga_ids)
+        outcomes = saga_reports.outcomes(conn, ORDER_SAGA.table, saga_ids)
+        latency = saga_reports.latency(conn, ORDER_SAGA.table, saga_ids)
         order_ids = [
             r[0] for r in conn.execute("SELECT order_id FROM orders.saga_order WHERE saga_id = ANY(%s)", (saga_ids,))
         ]

@@ -68,7 +68,7 @@ from estafeta.sagas.model import (
 )
 from estafeta.steps.delivery import REPLY_TO, Reply, StepContext
 from estafeta.steps.spec import StepSpec
-from sql import plan
+from sql import plan, saga_writes
 from sql import sagas as store
 from sql.migrate import Migration
 from sql.sagas import KEY_TYPES, SagaRow, SagaTable
@@ -251,7 +251,7 @@ class Saga:
         first = next(s for s in self.steps if s.action is not None)
         timeout = as_timedelta(step_timeout)
         assert timeout is not None
-        inserted = yield store.insert_statement(
+        inserted = yield saga_writes.insert_statement(
             self.table,
             saga_id=saga_id,
             key=getattr(data, self.key),
@@ -309,7 +309,7 @@ class Saga:
                 context.get("version"),
                 row.last_error,
             )
-            store.clear_error(ctx.conn, self.table, row)  # superseded: the participant acted
+            saga_writes.clear_error(ctx.conn, self.table, row)  # superseded: the participant acted
         elif not self._answers_current(row, context):
             REPLIES.labels(self.name, "stale").inc()
             logger.info(
@@ -487,12 +487,12 @@ class Saga:
         reply: Reply | None = None,
         ctx: StepContext | None = None,
     ) -> None:
-        """Move the saga (:func:`sql.sagas.transition`), record it, and send its next command.
+        """Move the saga (:func:`sql.saga_writes.transition`), record it, and send its next command.
 
         With ``ctx`` (the orchestrator step's) and ``local_steps``, a command for the saga's
         own service is run here instead (:meth:`_run_local`).
         """
-        moved = store.transition(
+        moved = saga_writes.transition(
             conn,
             self.table,
             row,
@@ -597,7 +597,7 @@ class Saga:
         # The command is built first: a saga whose command cannot be built is stuck, even
         # when its previous send is still in the outbox.
         built = built or self.command_for(row)
-        if previous is not None and store.requeue_command(conn, self.service, previous):
+        if previous is not None and saga_writes.requeue_command(conn, self.service, previous):
             return  # the previous send never left the outbox: it is back in line instead
         # In a step, the command rides with the commit (outbox.held_until_commit).
         outbox.write_or_hold(conn, self._send_plan(row, traceparent=traceparent, built=built))
@@ -633,7 +633,7 @@ class Saga:
         _, _, direction = self.command_for(row)
         if row.attempts < current.max_attempts:
             wait = self._wait(current, row.step_timeout, row.attempts + 1)
-            resent = store.record_resend(conn, self.table, row, wait=wait)
+            resent = saga_writes.record_resend(conn, self.table, row, wait=wait)
             detail = f"no reply by the deadline: attempt {resent.attempts} of {current.max_attempts}"
             self._record(conn, row, resent, "resent", detail)
             self._send(conn, resent, previous=self._message_id(row, direction))
@@ -734,7 +734,7 @@ class Saga:
         logged: bool = False,
     ) -> plan.Plan[None]:
         if not logged:
-            yield store.log_statement(
+            yield saga_writes.log_statement(
                 self.table,
                 saga_id=after.saga_id,
                 version=after.version,

@@ -45,6 +45,7 @@ from estafeta.app.runtime import Runtime
 from estafeta.observability import tracing as tracing
 from estafeta.sagas.model import SagaStuck
 from estafeta.sagas.saga import TRANSITIONS, Saga
+from sql import saga_writes
 from sql import sagas as store
 from sql.errors import DatabaseError, DatabaseUnavailable
 from sql.sagas import SagaRow
@@ -148,11 +149,11 @@ class Watchdog:
             if row is None or not _unchanged(row, seen):
                 return None
             if not final:
-                errors = store.record_error(conn, saga.table, row, error)
+                errors = saga_writes.record_error(conn, saga.table, row, error)
                 if errors < self.max_errors:
                     return "error"
                 error = f"{error} ({errors} errors in a row)"
-            store.transition(
+            saga_writes.transition(
                 conn,
                 saga.table,
                 row,
