@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from sql import clock, outbox_admin
 
 if TYPE_CHECKING:
-    from .relay import Outbox
+    from .outboxes import Outbox
 
 logger = logging.getLogger(__name__)
 

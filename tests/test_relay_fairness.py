@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from psycopg.types.json import Jsonb
 
+from brokers.outboxes import Outbox
 from brokers.publish import EnqueuePublisher, Publisher, PublishOutcome
-from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.relay import Relay, RelayConfig
 from sql import outbox as store
 from sql import outbox_admin
 from sql.outbox import OutboxRow

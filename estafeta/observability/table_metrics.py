@@ -22,7 +22,7 @@ import attrs
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from brokers.relay import Outbox
+from brokers.outboxes import Outbox
 from sql import inbox, saga_reports, sagas, table_health
 from sql.pool import Database
 from sql.sagas import SagaTable
