@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -25,11 +25,8 @@ from sql.outbox import OutboxRow
 
 from .batches import PublishOutcome, after_refusals, describe, encode
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
-from .kafka_records import PRODUCER_FAILURES, message_headers
+from .kafka_records import PRODUCER_FAILURES, ClusterBroker, message_headers
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, error_text, is_unreachable
-
-if TYPE_CHECKING:
-    from .kafka import KafkaBroker
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +82,7 @@ class KafkaPublisher:
         self._suspect = True
 
     @classmethod
-    def for_broker(cls, broker: KafkaBroker, *, confirm_timeout: float = 15.0, **_: Any) -> KafkaPublisher:
+    def for_broker(cls, broker: ClusterBroker, *, confirm_timeout: float = 15.0, **_: Any) -> KafkaPublisher:
         """A publisher to the cluster and topics of ``broker``."""
         return cls(broker.config, confirm_timeout=confirm_timeout)
 
