@@ -28,7 +28,7 @@ import psycopg
 from actors.app import app as order_system
 from actors.order_saga import ORDER_SAGA
 from estafeta import Runtime, Settings
-from sql import sagas
+from sql import saga_reports
 
 from .common import add_database_url, describe, machine, scratch_database
 
@@ -61,7 +61,7 @@ def _migrate(dsn: str) -> None:
         runtime.close()
 
 
-def lists(conn: psycopg.Connection[Any], rows: int) -> dict[str, sagas.ListFilter]:
+def lists(conn: psycopg.Connection[Any], rows: int) -> dict[str, saga_reports.ListFilter]:
     """The lists measured; the deep one starts halfway down the whole list."""
     middle = conn.execute(
         "SELECT started_at, saga_id FROM orders.saga_order ORDER BY started_at DESC, saga_id DESC OFFSET %s LIMIT 1",
@@ -70,25 +70,25 @@ def lists(conn: psycopg.Connection[Any], rows: int) -> dict[str, sagas.ListFilte
     assert middle is not None
     halfway = T0 + timedelta(seconds=rows // 2)  # a saga a second
     return {
-        "newest first, no filter": sagas.ListFilter(),
-        "status=failed": sagas.ListFilter(status="failed"),
-        "status=running": sagas.ListFilter(status="running"),
-        "step=confirm_order": sagas.ListFilter(step="confirm_order"),
-        "step=reserve_inventory (no saga waits there)": sagas.ListFilter(step="reserve_inventory"),
-        "status=compensated, step=charge_payment": sagas.ListFilter(status="compensated", step="charge_payment"),
-        "a 3-hour range, halfway": sagas.ListFilter(since=halfway, until=halfway + timedelta(hours=3)),
-        "error contains 'refused'": sagas.ListFilter(error="refused"),
-        "status=failed, error 'refused'": sagas.ListFilter(status="failed", error="refused"),
-        f"page after row {rows // 2:,} (cursor)": sagas.ListFilter(after=(middle[0], middle[1])),
+        "newest first, no filter": saga_reports.ListFilter(),
+        "status=failed": saga_reports.ListFilter(status="failed"),
+        "status=running": saga_reports.ListFilter(status="running"),
+        "step=confirm_order": saga_reports.ListFilter(step="confirm_order"),
+        "step=reserve_inventory (no saga waits there)": saga_reports.ListFilter(step="reserve_inventory"),
+        "status=compensated, step=charge_payment": saga_reports.ListFilter(status="compensated", step="charge_payment"),
+        "a 3-hour range, halfway": saga_reports.ListFilter(since=halfway, until=halfway + timedelta(hours=3)),
+        "error contains 'refused'": saga_reports.ListFilter(error="refused"),
+        "status=failed, error 'refused'": saga_reports.ListFilter(status="failed", error="refused"),
+        f"page after row {rows // 2:,} (cursor)": saga_reports.ListFilter(after=(middle[0], middle[1])),
     }
 
 
-def page_ms(conn: psycopg.Connection[Any], where: sagas.ListFilter, repeat: int) -> tuple[float, int]:
+def page_ms(conn: psycopg.Connection[Any], where: saga_reports.ListFilter, repeat: int) -> tuple[float, int]:
     """The median milliseconds of one page, and how many rows it had."""
     times, found = [], 0
     for _ in range(repeat + 1):  # the first read warms the cache
         started = time.perf_counter()
-        found = len(sagas.list_page(conn, ORDER_SAGA.table, where, PAGE))
+        found = len(saga_reports.list_page(conn, ORDER_SAGA.table, where, PAGE))
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times[1:]), found
 

@@ -31,6 +31,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from dramatiq.common import current_millis, dq_name, xq_name
 
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
+from .kafka_consumer import KafkaConsumer, KafkaMessage
+from .kafka_publish import KafkaPublisher
 from .kafka_records import PRODUCER_FAILURES
 
 # What the consumer and the publisher share with the broker; its names stay importable from here.
@@ -112,8 +114,6 @@ class KafkaBroker(dramatiq.Broker):
         Raises :class:`KafkaUnreachable` if Kafka did not acknowledge it within the delivery
         timeout, :class:`KafkaRefused` if Kafka refused it.
         """
-        from .kafka_consumer import KafkaMessage
-
         queue_name, delivered = message.queue_name, message
         if delay is not None:
             queue_name = dq_name(queue_name)
@@ -198,16 +198,12 @@ class KafkaBroker(dramatiq.Broker):
 
     def relay_publisher(self, **options: Any) -> Any:
         """The relay's batched publisher for this cluster (see :func:`brokers.publish.publisher_for`)."""
-        from .kafka_publish import KafkaPublisher
-
         return KafkaPublisher.for_broker(self, **options)
 
     # -- consuming --------------------------------------------------------------
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> dramatiq.Consumer:
         """A consumer of ``queue_name`` in its group, with at most ``prefetch`` messages unfinished."""
-        from .kafka_consumer import KafkaConsumer
-
         self.ensure_topics(queue_name)
         return KafkaConsumer(self, queue_name, prefetch, timeout)
 

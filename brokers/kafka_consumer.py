@@ -34,7 +34,7 @@ import logging
 import queue
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dramatiq
 import dramatiq.errors
@@ -43,11 +43,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from .batches import describe
 from .kafka_config import ClientLog
 from .kafka_offsets import PartitionOffsets
-from .kafka_records import Headers, KafkaRefused, KafkaUnreachable
+from .kafka_records import Headers, KafkaRefused, KafkaUnreachable, ProducingBroker
 from .kafka_topics import error_text
-
-if TYPE_CHECKING:
-    from .kafka import KafkaBroker
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +87,7 @@ def headers_of(record: Message) -> Headers:
 class KafkaConsumer(dramatiq.Consumer):
     """Consumes one queue's topic as a member of the queue's consumer group."""
 
-    def __init__(self, broker: KafkaBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+    def __init__(self, broker: ProducingBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         self.broker = broker
         self.queue_name = queue_name
         self.prefetch = max(1, prefetch)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -25,16 +25,16 @@ from sql.outbox import OutboxRow
 
 from .batches import PublishOutcome, after_refusals, describe, encode
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig
-from .kafka_records import PRODUCER_FAILURES, message_headers
+from .kafka_records import PRODUCER_FAILURES, ClusterBroker, message_headers
 from .kafka_topics import KafkaUnavailable, TopicDeclarer, error_text, is_unreachable
-
-if TYPE_CHECKING:
-    from .kafka import KafkaBroker
 
 logger = logging.getLogger(__name__)
 
 #: The name the relay's producer carries on the broker.
 CLIENT_ID = "estafeta-relay"
+#: Longest wait for the cluster's answer to the probe before a batch, after an outage or at
+#: start (within the attempt's bound): a cluster that cannot be reached is reported this soon.
+PROBE_TIMEOUT = 5.0
 
 
 class _Batch:
@@ -70,8 +70,11 @@ class KafkaPublisher:
 
     A record Kafka refuses (too large, a topic it will not create, an authorization or
     policy refusal) counts a failed attempt for its row, and the later rows of that key
-    in the batch are not produced. No report within ``confirm_timeout``, or an
-    unreachable cluster, leaves every unconfirmed row pending without an attempt counted.
+    in the batch are not produced. An unreachable cluster, or no answer within
+    ``confirm_timeout``, leaves every unconfirmed row pending without an attempt counted.
+    ``confirm_timeout`` bounds the whole attempt (the probe, the topics' metadata and
+    creation, the delivery reports), so a cluster that accepts connections and never
+    answers is reported within it, whichever step it stops answering at.
     """
 
     def __init__(self, config: KafkaConfig, *, confirm_timeout: float = 15.0) -> None:
@@ -85,7 +88,7 @@ class KafkaPublisher:
         self._suspect = True
 
     @classmethod
-    def for_broker(cls, broker: KafkaBroker, *, confirm_timeout: float = 15.0, **_: Any) -> KafkaPublisher:
+    def for_broker(cls, broker: ClusterBroker, *, confirm_timeout: float = 15.0, **_: Any) -> KafkaPublisher:
         """A publisher to the cluster and topics of ``broker``."""
         return cls(broker.config, confirm_timeout=confirm_timeout)
 
@@ -93,17 +96,19 @@ class KafkaPublisher:
         """Produce ``rows`` in order; report which Kafka acknowledged."""
         if not rows:
             return PublishOutcome()
+        # One bound for the whole attempt: each step waits only for what is left of it.
+        until = time.monotonic() + self.confirm_timeout
         try:
-            self._check_reachable()
-            refused = self.topics.declare({row.queue_name for row in rows})
+            self._check_reachable(until)
+            refused = self.topics.declare({row.queue_name for row in rows}, timeout=self._left(until, "topics"))
         except KafkaUnavailable as exc:
             self._outage()
-            return PublishOutcome(broker_error=str(exc))
+            return PublishOutcome(broker_error=self._bounded(str(exc), until))
         failed = {row.id: refused[row.queue_name] for row in rows if row.queue_name in refused}
         batch = _Batch()
         try:
             self._produce(after_refusals(rows, failed), batch)
-            self._wait(batch)
+            self._wait(batch, until)
         except (KafkaException, SystemError) as exc:
             # A producer that failed for good (a broker that lost its sequences, say after a
             # restart without its data) raises out of poll/flush; once, confluent-kafka 2.16
@@ -153,13 +158,13 @@ class KafkaPublisher:
             except BufferError:  # librdkafka's queue is full: serve reports until it drains
                 producer.poll(0.05)
 
-    def _wait(self, batch: _Batch) -> None:
+    def _wait(self, batch: _Batch, until: float) -> None:
         producer = self._client()
-        # librdkafka reports every record by message.timeout.ms (= confirm_timeout) at the latest.
+        # librdkafka reports every record by message.timeout.ms (= confirm_timeout) at the
+        # latest; the attempt's bound, which began before the records were produced, comes first.
         started = time.monotonic()
-        deadline = started + self.confirm_timeout + 5
-        while batch.reported < len(batch.produced) and time.monotonic() < deadline and not self._errors.fatal:
-            producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        while batch.reported < len(batch.produced) and time.monotonic() < until and not self._errors.fatal:
+            producer.flush(min(1.0, max(0.0, until - time.monotonic())))
             if (self._errors.all_down_at or 0) >= started:
                 # Every broker went away: no need to wait out the confirm timeout (what
                 # Kafka already has comes again with the rows, a copy the inboxes absorb).
@@ -171,7 +176,7 @@ class KafkaPublisher:
             batch.fatal = True
             batch.outage = f"the Kafka producer failed: {self._errors.fatal.str()}"
         if batch.reported < len(batch.produced):
-            batch.outage = batch.outage or f"no delivery reports from Kafka within {self.confirm_timeout:g} s"
+            batch.outage = batch.outage or self._no_answer("delivery reports")
             self._drop_producer()
         elif batch.fatal:
             self._drop_producer()
@@ -182,14 +187,34 @@ class KafkaPublisher:
         self._suspect = True
         self.topics.forget()
 
-    def _check_reachable(self) -> None:
+    def _check_reachable(self, until: float) -> None:
         if not self._suspect:
             return
+        wait = min(self._left(until, "the cluster's metadata"), PROBE_TIMEOUT)
         try:
-            self._client().list_topics(timeout=min(self.confirm_timeout, 5.0))
+            self._client().list_topics(timeout=wait)
         except KafkaException as exc:
-            raise KafkaUnavailable(f"cannot reach Kafka at {self.config.bootstrap}: {error_text(exc)}") from None
+            # librdkafka says "transport failure" alike for a refused connection and a
+            # broker that never answered: what is known is that nothing came in time.
+            why = f"no answer within {wait:g} s ({error_text(exc)})"
+            raise KafkaUnavailable(f"cannot reach Kafka at {self.config.bootstrap}: {why}") from None
         self._suspect = False
+
+    def _left(self, until: float, what: str) -> float:
+        """Seconds left of the attempt for ``what``; :class:`KafkaUnavailable` when none are."""
+        left = until - time.monotonic()
+        if left <= 0:
+            raise KafkaUnavailable(self._no_answer(what))
+        return left
+
+    def _bounded(self, error: str, until: float) -> str:
+        """``error``, saying so when the attempt's bound cut it short."""
+        if time.monotonic() < until or "no answer within" in error:
+            return error
+        return f"{error}; no answer within {self.confirm_timeout:g} s"
+
+    def _no_answer(self, what: str) -> str:
+        return f"Kafka at {self.config.bootstrap}: no answer within {self.confirm_timeout:g} s (waiting for {what})"
 
     def _client(self) -> Producer:
         if self._producer is None:

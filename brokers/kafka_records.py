@@ -1,4 +1,5 @@
-"""What the Kafka broker, its consumer and the relay's Kafka publisher share: a record's headers, and the errors.
+"""What the Kafka broker, its consumer and the relay's Kafka publisher share: a record's headers, the errors,
+and what the consumer and the publisher need of the broker (:class:`ClusterBroker`, :class:`ProducingBroker`).
 
 Kept apart from :mod:`brokers.kafka` so that :mod:`brokers.kafka_consumer` and
 :mod:`brokers.kafka_publish`, which the broker builds, never import the broker's module.
@@ -6,10 +7,13 @@ Kept apart from :mod:`brokers.kafka` so that :mod:`brokers.kafka_consumer` and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import dramatiq.errors
 from confluent_kafka import KafkaError
+
+if TYPE_CHECKING:
+    from .kafka_config import KafkaConfig
 
 #: Delivery errors that are the producer's state, never the record's: the producer is
 #: replaced and the rows stay pending without an attempt counted (a broker that lost the
@@ -65,3 +69,21 @@ def message_headers(message_id: str, options: dict[str, Any], saga_id: object = 
         if options.get(name):
             headers.append((name, str(options[name]).encode()))
     return headers
+
+
+class ClusterBroker(Protocol):
+    """A broker on one Kafka cluster, as the relay's Kafka publisher takes it (``brokers.kafka.KafkaBroker``)."""
+
+    @property
+    def config(self) -> KafkaConfig:
+        """The cluster, its topic names and the clients' settings."""
+
+
+class ProducingBroker(ClusterBroker, Protocol):
+    """What a worker's Kafka consumer needs of its broker: producing records, each until Kafka acknowledged it."""
+
+    def produce(self, topic: str, value: bytes, *, key: bytes | None = None, headers: Headers | None = None) -> None:
+        """Produce one record and wait for its delivery report; thread-safe."""
+
+    def dead_letter(self, queue_name: str, value: bytes, key: bytes | None, headers: Headers, reason: str) -> None:
+        """Produce a record to ``queue_name``'s dead-letter topic with ``reason``; wait for Kafka's ack."""

@@ -82,19 +82,21 @@ class TopicDeclarer:
         self._admin: AdminClient | None = None
         self._lock = threading.Lock()
 
-    def declare(self, queue_names: Iterable[str]) -> dict[str, str]:
+    def declare(self, queue_names: Iterable[str], *, timeout: float | None = None) -> dict[str, str]:
         """Ensure the topics of ``queue_names`` exist; return the queues refused, with the reason.
 
-        Raises :class:`KafkaUnavailable` when the cluster cannot be asked.
+        Each request to the cluster waits at most ``timeout`` seconds, if given, and the
+        declarer's own ``timeout``. Raises :class:`KafkaUnavailable` when the cluster cannot be asked.
         """
+        wait = self.timeout if timeout is None else min(self.timeout, timeout)
         with self._lock:
             missing = sorted({q_name(q) for q in queue_names} - self.declared)
             if not missing:
                 return {}
             refused = {q: why for q in missing if (why := self._invalid(q))}
             wanted = {self.config.topic(name): q for q in missing if q not in refused for name in queue_topics(q)}
-            existing = self._existing_topics()
-            refused.update(self._create([t for t in wanted if t not in existing], wanted))
+            existing = self._existing_topics(wait)
+            refused.update(self._create([t for t in wanted if t not in existing], wanted, wait))
             self.declared.update(q for q in missing if q not in refused)
             return refused
 
@@ -118,20 +120,20 @@ class TopicDeclarer:
             self._admin = AdminClient(self.config.admin_config(), logger=ClientLog(logger))
         return self._admin
 
-    def _existing_topics(self) -> set[str]:
+    def _existing_topics(self, timeout: float) -> set[str]:
         try:
-            metadata = self._client().list_topics(timeout=self.timeout)
+            metadata = self._client().list_topics(timeout=timeout)
         except KafkaException as exc:
             raise KafkaUnavailable(f"cannot reach Kafka at {self.config.bootstrap}: {error_text(exc)}") from None
         return set(metadata.topics)
 
-    def _create(self, topics: list[str], queue_of: dict[str, str]) -> dict[str, str]:
+    def _create(self, topics: list[str], queue_of: dict[str, str], timeout: float) -> dict[str, str]:
         if not topics:
             return {}
         futures = self._client().create_topics(
             [self._new_topic(topic) for topic in topics],
-            operation_timeout=self.timeout,
-            request_timeout=self.timeout,
+            operation_timeout=timeout,
+            request_timeout=timeout,
         )
         refused = {}
         for topic, future in futures.items():

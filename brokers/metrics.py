@@ -19,11 +19,10 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sql import clock
-from sql import outbox as store
+from sql import clock, outbox_admin
 
 if TYPE_CHECKING:
-    from .relay import Outbox
+    from .outboxes import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class OutboxCollector(Collector):
         for outbox in self.outboxes:
             try:
                 with outbox.database.connection() as conn:
-                    stats = store.stats(conn, outbox.schema)
+                    stats = outbox_admin.stats(conn, outbox.schema)
             except Exception as exc:  # a scrape must not fail because one database is down
                 logger.warning("metrics: no outbox stats for %s: %s", outbox.schema, exc)
                 continue

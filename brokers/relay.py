@@ -30,25 +30,18 @@ from psycopg import sql
 
 from sql import outbox as store
 from sql.errors import DatabaseError
-from sql.pool import Database, notifications
+from sql.pool import notifications
 
 from . import metrics, tracing
 from .batches import PublishOutcome
 from .errors import BrokerUnavailable
+from .outboxes import Outbox
 from .publish import Publisher
 
 logger = logging.getLogger(__name__)
 
 #: ``application_name`` of the relay's LISTEN connections (``pg_stat_activity``).
 LISTENER_APPLICATION_NAME = "estafeta-relay-listener"
-
-
-@attrs.frozen
-class Outbox:
-    """One service's outbox: its schema and the database it lives in."""
-
-    schema: str
-    database: Database
 
 
 @attrs.frozen

@@ -46,7 +46,7 @@ def _place(runtime: Runtime, plan: OrderPlan) -> list[uuid.UUID]:
 
 def _wait(runtime: Runtime, saga_ids: list[uuid.UUID], timeout: float, quiet: bool) -> int:
     from actors.order_saga import ORDER_SAGA
-    from sql import sagas
+    from sql import saga_reports
 
     deadline = time.monotonic() + timeout
     ended = 0
@@ -56,7 +56,7 @@ def _wait(runtime: Runtime, saga_ids: list[uuid.UUID], timeout: float, quiet: bo
         while ended < len(saga_ids) and time.monotonic() < deadline:
             time.sleep(0.2)
             with runtime.database("orders").connection() as conn:
-                now = sagas.count_ended(conn, ORDER_SAGA.table, saga_ids)
+                now = saga_reports.count_ended(conn, ORDER_SAGA.table, saga_ids)
             bar.update(now - ended)
             ended = now
     return ended

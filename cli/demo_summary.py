@@ -25,11 +25,11 @@ def summary(
 ) -> dict[str, Any]:
     """The outcome of ``saga_ids``: counts by status, throughput and latency, duplicates, the reconciliation."""
     from actors.order_saga import ORDER_SAGA, reconcile
-    from sql import sagas
+    from sql import saga_reports
 
     with runtime.database("orders").connection() as conn:
-        outcomes = sagas.outcomes(conn, ORDER_SAGA.table, saga_ids)
-        latency = sagas.latency(conn, ORDER_SAGA.table, saga_ids)
+        outcomes = saga_reports.outcomes(conn, ORDER_SAGA.table, saga_ids)
+        latency = saga_reports.latency(conn, ORDER_SAGA.table, saga_ids)
         order_ids = [
             r[0] for r in conn.execute("SELECT order_id FROM orders.saga_order WHERE saga_id = ANY(%s)", (saga_ids,))
         ]

@@ -124,11 +124,14 @@ def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
     runtime = _ready()
     from actors import order_history, orders
     from actors.order_saga import ORDER_SAGA
-    from sql import sagas
+    from sql import saga_reports, sagas
 
     with runtime.database("orders").connection() as conn:
         if order_id is None:
-            counts = {"orders": orders.count_by_status(conn), "sagas": sagas.count_by_status(conn, ORDER_SAGA.table)}
+            counts = {
+                "orders": orders.count_by_status(conn),
+                "sagas": saga_reports.count_by_status(conn, ORDER_SAGA.table),
+            }
             _print_counts(counts, as_json)
             return
         order = orders.get_order(conn, order_id)

@@ -10,8 +10,7 @@ from typing import Any
 
 import click
 
-from sql import inbox, plan
-from sql import outbox as store
+from sql import inbox, outbox_admin, plan
 from sql.errors import MessageAlreadyPublished, ScheduledMessageRefused
 
 from .context import current
@@ -52,7 +51,7 @@ def stats_command(services: tuple[str, ...], by_type: bool, as_json: bool) -> No
     rows = {}
     for name in _services(services):
         with runtime.database(name).connection() as conn:
-            rows[name] = store.stats(conn, name)
+            rows[name] = outbox_admin.stats(conn, name)
     if as_json:
         click.echo(json.dumps({name: _asdict(s) for name, s in rows.items()}))
         return
@@ -78,7 +77,7 @@ def _stats_by_type(services: tuple[str, ...], as_json: bool) -> None:
     found = []
     for name in _services(services):
         with runtime.database(name).connection() as conn:
-            found += [(name, s) for s in store.stats_by_type(conn, name)]
+            found += [(name, s) for s in outbox_admin.stats_by_type(conn, name)]
     if as_json:
         rows = [{"service": name, **_asdict(s), "message_type": s.message_type or UNKNOWN_TYPE} for name, s in found]
         click.echo(json.dumps(rows, default=str))
@@ -104,7 +103,7 @@ def failed_command(services: tuple[str, ...], limit: int, as_json: bool) -> None
     found = []
     for name in _services(services):
         with runtime.database(name).connection() as conn:
-            found += [{"service": name, **row} for row in store.list_failed(conn, name, limit)]
+            found += [{"service": name, **row} for row in outbox_admin.list_failed(conn, name, limit)]
     if as_json:
         click.echo(json.dumps(found, default=str))
         return
@@ -142,7 +141,7 @@ def retry_command(row_id: int | None, retry_all: bool, services: tuple[str, ...]
     total = 0
     for name in names:
         with runtime.database(name).connection() as conn:
-            total += len(store.retry_failed(conn, name, row_id))
+            total += len(outbox_admin.retry_failed(conn, name, row_id))
     click.echo(f"{total} row(s) back to pending")
 
 
@@ -162,7 +161,7 @@ def scheduled_command(services: tuple[str, ...], limit: int, as_json: bool) -> N
     found = []
     for name in _services(services):
         with runtime.database(name).connection() as conn:
-            found += [{"service": name, **_asdict(row)} for row in store.list_scheduled(conn, name, limit)]
+            found += [{"service": name, **_asdict(row)} for row in outbox_admin.list_scheduled(conn, name, limit)]
     found.sort(key=lambda row: row["available_at"])
     if as_json:
         click.echo(json.dumps(found, default=str))
@@ -212,7 +211,7 @@ def cancel_command(message_id: uuid.UUID, services: tuple[str, ...]) -> None:
     Refused (exit 2) once a relay is publishing it or it was published: exactly one of
     the cancel and the publish wins.
     """
-    name = _change(services, message_id, lambda schema: store.cancel_plan(schema, message_id))
+    name = _change(services, message_id, lambda schema: outbox_admin.cancel_plan(schema, message_id))
     click.echo(f"cancelled message {message_id} in {name}'s outbox")
 
 
@@ -227,13 +226,13 @@ def reschedule_command(message_id: uuid.UUID, at: str, services: tuple[str, ...]
     or it was published.
     """
     when = _parse_at(at)
-    name = _change(services, message_id, lambda schema: store.reschedule_plan(schema, message_id, when))
+    name = _change(services, message_id, lambda schema: outbox_admin.reschedule_plan(schema, message_id, when))
     click.echo(f"message {message_id} in {name}'s outbox now due at {when.isoformat()}")
 
 
 def _has_failed_row(runtime: Any, service: str, row_id: int) -> bool:
     with runtime.database(service).connection() as conn:
-        return bool(store.list_failed(conn, service, 1, row_id))
+        return bool(outbox_admin.list_failed(conn, service, 1, row_id))
 
 
 @outbox_group.command("dead-letters")

@@ -13,7 +13,7 @@ import click
 
 from console import saga_labels
 from estafeta import SagaError, SagaNotFound, Watchdog
-from sql import sagas
+from sql import saga_reports, sagas
 
 from .context import current
 from .saga_start import start_command
@@ -56,7 +56,7 @@ def list_command(status: str | None, stuck: bool, limit: int, kind: str | None, 
     runtime = current().runtime
     saga = _saga(kind)
     with runtime.database(saga.service).connection() as conn:
-        rows = sagas.search(conn, saga.table, status=status, stuck=stuck, limit=limit)
+        rows = saga_reports.search(conn, saga.table, status=status, stuck=stuck, limit=limit)
     if as_json:
         click.echo(json.dumps([_row_json(r) for r in rows]))
         return

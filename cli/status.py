@@ -16,7 +16,7 @@ from .context import AppContext, current
 if TYPE_CHECKING:
     import dramatiq
 
-    from brokers.relay import Outbox
+    from brokers.outboxes import Outbox
 
 _HEADER = ("SERVICE", "KIND", "SERVES", "HOST", "PID", "VERSION", "STARTED", "LAST BEAT", "STATE")
 

@@ -31,7 +31,7 @@ from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersio
 from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step, boundary_async
 from estafeta.idempotency.problem import HttpResponse
 from estafeta.messaging import outbox as outbox
-from sql import outbox as store
+from sql import outbox_admin
 from sql.plan import NeedsSyncConnection, run_async
 
 if TYPE_CHECKING:
@@ -68,12 +68,12 @@ async def publish(conn: psycopg.AsyncConnection[Any], service: Service, event: A
 
 async def cancel(conn: psycopg.AsyncConnection[Any], service: Service, message_id: uuid.UUID) -> None:
     """:meth:`Service.cancel <estafeta.Service.cancel>` on an async connection: the same refusals."""
-    await run_async(conn, store.cancel_plan(service.name, message_id))
+    await run_async(conn, outbox_admin.cancel_plan(service.name, message_id))
 
 
 async def reschedule(conn: psycopg.AsyncConnection[Any], service: Service, message_id: uuid.UUID, at: datetime) -> None:
     """:meth:`Service.reschedule <estafeta.Service.reschedule>` on an async connection: the same refusals."""
-    await run_async(conn, store.reschedule_plan(service.name, message_id, at))
+    await run_async(conn, outbox_admin.reschedule_plan(service.name, message_id, at))
 
 
 async def start_saga(conn: psycopg.AsyncConnection[Any], saga: Saga, data: Any, **options: Any) -> uuid.UUID:

@@ -12,8 +12,9 @@ import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
+from brokers.outboxes import Outbox
 from brokers.publish import EnqueuePublisher
-from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.relay import Relay, RelayConfig
 from estafeta import App, Runtime, Service, Settings
 from estafeta.testing import TEST_SETTINGS
 from examples.booking import app as booking_app

@@ -16,7 +16,8 @@ from dramatiq.brokers.stub import StubBroker
 
 from actors import pingpong
 from brokers.metrics import ClockCollector
-from brokers.relay import Outbox, Relay
+from brokers.outboxes import Outbox
+from brokers.relay import Relay
 from estafeta import Clock, Runtime, running
 from estafeta.app.clock import warn_if_moved
 from sql import clock as sql_clock

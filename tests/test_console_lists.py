@@ -17,7 +17,7 @@ from actors.app import app as order_system
 from actors.order_saga import ORDER_SAGA
 from console.server.web import WebOptions, create_app
 from estafeta import Runtime
-from sql import sagas
+from sql import saga_reports
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 STEPS = ["charge_payment", "reserve_inventory", "confirm_order", "notify_customer"]
@@ -197,13 +197,13 @@ def test_the_failed_outbox_count_links_to_the_rows_with_their_messages(console, 
 
 #: Every filter the list serves, as the console builds them.
 FILTERS = [
-    sagas.ListFilter(),
-    sagas.ListFilter(status="failed"),
-    sagas.ListFilter(step="confirm_order"),
-    sagas.ListFilter(status="running", step="charge_payment"),
-    sagas.ListFilter(since=T0, until=T0 + timedelta(hours=1)),
-    sagas.ListFilter(error="disk"),
-    sagas.ListFilter(status="compensated", after=(T0 + timedelta(days=2), uuid.UUID(int=7))),
+    saga_reports.ListFilter(),
+    saga_reports.ListFilter(status="failed"),
+    saga_reports.ListFilter(step="confirm_order"),
+    saga_reports.ListFilter(status="running", step="charge_payment"),
+    saga_reports.ListFilter(since=T0, until=T0 + timedelta(hours=1)),
+    saga_reports.ListFilter(error="disk"),
+    saga_reports.ListFilter(status="compensated", after=(T0 + timedelta(days=2), uuid.UUID(int=7))),
 ]
 
 
@@ -223,8 +223,8 @@ def test_a_list_page_walks_an_index_never_the_whole_saga_table(conn, runtime: Ru
     )
     conn.execute("ANALYZE orders.saga_order")
     for where in FILTERS:
-        statement = sagas.list_query(ORDER_SAGA.table, where).as_string(conn)
-        rows = conn.execute(f"EXPLAIN {statement}", sagas.list_params(where, 51)).fetchall()
+        statement = saga_reports.list_query(ORDER_SAGA.table, where).as_string(conn)
+        rows = conn.execute(f"EXPLAIN {statement}", saga_reports.list_params(where, 51)).fetchall()
         plan = f"{where}:\n" + "\n".join(str(line[0]) for line in rows)
         # No scan of the table: one of the list's indexes (sql/migrations/_saga/0002_list_indexes.sql)
         # serves the filter (walked newest first, or a few entries of it sorted).

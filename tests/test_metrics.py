@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from actors.order_saga import ORDER_SAGA
 from actors.pingpong import Pong
-from brokers.relay import Outbox
+from brokers.outboxes import Outbox
 from estafeta import Clock, Outcome, Runtime, Watchdog, deliver
 from estafeta.observability.table_metrics import SagaKind, TablesCollector
 

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from brokers.relay import Relay
 from estafeta import Runtime
 from sql import outbox as store
+from sql import outbox_admin
 
 from .conftest import make_relay
 from .helpers import scalar, wait_until
@@ -94,13 +95,13 @@ def test_a_failing_head_holds_back_only_its_key(conn, runtime: Runtime, stub_bro
     # Its second refusal (no backoff in the tests) is its last: it is failed now, and its
     # key's later rows are not even claimed.
     assert relay.drain_once() == 0
-    stats = store.stats(conn, SCHEMA)
+    stats = outbox_admin.stats(conn, SCHEMA)
     assert (stats.pending, stats.failed, stats.blocked_keys) == (2, 1, 1)
     assert "QueueNotFound" in (stats.oldest_error or "")
     add(conn, "fine", 2)
     assert relay.drain_once() == 1
     stub_broker.declare_queue("nowhere")
-    (failed_id,) = store.retry_failed(conn, SCHEMA)
+    (failed_id,) = outbox_admin.retry_failed(conn, SCHEMA)
     assert relay.drain_once() == 3
     assert [m.message_id for m in drain_stub(stub_broker, "nowhere")]
     assert check_order(arrivals(drain_stub(stub_broker)), {"fine": [2], "stuck": [1, 2]}) == 0
@@ -121,7 +122,7 @@ def test_a_row_deferred_through_an_outage_is_parked_after_its_refusals_only(conn
         fail("nacked", None)
     assert fail("refused", 2) == ("pending", 6, 5)
     assert fail("refused", 2) == ("failed", 7, 5)
-    assert store.retry_failed(conn, SCHEMA) == [row_id]
+    assert outbox_admin.retry_failed(conn, SCHEMA) == [row_id]
     assert conn.execute("SELECT status, attempts, deferrals FROM pingpong.outbox").fetchone() == ("pending", 0, 0)
 
 
@@ -130,7 +131,7 @@ def test_a_delayed_row_waits_in_the_outbox_without_holding_back_its_key(conn, re
     add(conn, "a", 1)
     assert relay.drain_once() == 1
     assert check_order(arrivals(drain_stub(stub_broker)), {"a": [1]}) == 0
-    stats = store.stats(conn, SCHEMA)
+    stats = outbox_admin.stats(conn, SCHEMA)
     assert (stats.pending, stats.delayed, stats.oldest_pending_age_seconds) == (1, 1, 0.0)
     conn.execute("UPDATE pingpong.outbox SET available_at = now()")
     assert relay.drain_once() == 1
@@ -279,10 +280,10 @@ def test_retry_puts_a_failed_row_back_and_counts_from_zero(conn, runtime, stub_b
     relay = make_relay(runtime, stub_broker, max_attempts=1)
     add(conn, None, 0, queue="nowhere")
     relay.drain_once()
-    (failed,) = store.list_failed(conn, SCHEMA)
+    (failed,) = outbox_admin.list_failed(conn, SCHEMA)
     assert failed["attempts"] == 1 and "nowhere" in failed["last_error"]
-    assert store.retry_failed(conn, SCHEMA, failed["id"] + 1) == []
-    assert store.retry_failed(conn, SCHEMA, failed["id"]) == [failed["id"]]
+    assert outbox_admin.retry_failed(conn, SCHEMA, failed["id"] + 1) == []
+    assert outbox_admin.retry_failed(conn, SCHEMA, failed["id"]) == [failed["id"]]
     assert scalar(conn, "SELECT attempts FROM pingpong.outbox") == 0
 
 

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from psycopg.types.json import Jsonb
 
+from brokers.outboxes import Outbox
 from brokers.publish import EnqueuePublisher, Publisher, PublishOutcome
-from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.relay import Relay, RelayConfig
 from sql import outbox as store
+from sql import outbox_admin
 from sql.outbox import OutboxRow
 
 from .conftest import make_relay
@@ -115,5 +117,5 @@ def test_a_row_that_cannot_be_encoded_fails_alone(conn, runtime, stub_broker, qu
     add(conn, "other", 0)
     assert relay.drain_once() == 1
     assert [m.args[0]["key"] for m in drain_stub(stub_broker)] == ["other"]
-    (failed,) = store.list_failed(conn, "pingpong")
+    (failed,) = outbox_admin.list_failed(conn, "pingpong")
     assert failed["last_error"] and "AttributeError" in failed["last_error"]

@@ -20,8 +20,9 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 
 from actors.pingpong import SERVICE, Ping
+from brokers.outboxes import Outbox
 from brokers.publish import EnqueuePublisher, PublishOutcome
-from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.relay import Relay, RelayConfig
 from estafeta import (
     Clock,
     MessageAlreadyPublished,

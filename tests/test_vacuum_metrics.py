@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from psycopg import conninfo
 
-from brokers.relay import Outbox
+from brokers.outboxes import Outbox
 from estafeta import Runtime
 from estafeta.observability.table_metrics import TablesCollector
 from sql.pool import Database

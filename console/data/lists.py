@@ -18,7 +18,7 @@ import attrs
 from estafeta import App, Runtime, Saga, SagaStep
 from estafeta.operations.dead_letter_causes import cause_of
 from estafeta.operations.dead_letters import DeadLetter, groups
-from sql import dead_letters, outbox, sagas
+from sql import dead_letters, outbox_admin, saga_reports, sagas
 
 #: Sagas on one page of a list.
 PAGE = 50
@@ -38,7 +38,7 @@ class SagaQuery:
     """A saga list as asked for: a kind (``None``: every kind) and the filter."""
 
     kind: str | None
-    where: sagas.ListFilter
+    where: saga_reports.ListFilter
 
     def link(self, **changes: Any) -> str:
         """This list's URL, with ``changes`` (``after=...``) applied."""
@@ -88,7 +88,7 @@ def parse_saga_query(app: App, params: Mapping[str, str]) -> SagaQuery:
     since, until = _time(params, "since"), _time(params, "until")
     if since and until and since >= until:
         raise BadFilter("since: must be before until")
-    where = sagas.ListFilter(status, step, since, until, _text(params, "error"), _cursor(params.get("after")))
+    where = saga_reports.ListFilter(status, step, since, until, _text(params, "error"), _cursor(params.get("after")))
     return SagaQuery(kind, where)
 
 
@@ -139,7 +139,9 @@ def read_saga_list(app: App, runtime: Runtime, query: SagaQuery, page: int = PAG
     found: list[SagaListLine] = []
     for saga in _kinds(app, query):
         with runtime.database(saga.service).connection() as conn:
-            found += [SagaListLine(saga.name, row) for row in sagas.list_page(conn, saga.table, query.where, page + 1)]
+            found += [
+                SagaListLine(saga.name, row) for row in saga_reports.list_page(conn, saga.table, query.where, page + 1)
+            ]
     found.sort(key=lambda line: (line.row.started_at, line.row.saga_id), reverse=True)
     lines = found[:page]
     next_page = None
@@ -200,5 +202,5 @@ def read_failed_rows(app: App, runtime: Runtime, service: str | None, limit: int
     found = []
     for name in [service] if service else app.service_names:
         with runtime.database(name).connection() as conn:
-            found += [{"service": name, **row} for row in outbox.list_failed(conn, name, limit)]
+            found += [{"service": name, **row} for row in outbox_admin.list_failed(conn, name, limit)]
     return found

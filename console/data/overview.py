@@ -13,8 +13,8 @@ from markupsafe import Markup, escape
 
 from estafeta import App, Runtime, Saga
 from estafeta.operations.dead_letters import Group, groups
-from sql import outbox, sagas
-from sql.outbox import OutboxStats
+from sql import outbox_admin, saga_reports
+from sql.outbox_admin import OutboxStats
 from sql.sagas import LogEntry, SagaRow
 
 #: Rows shown per list (the CLI pages further: ``estafeta outbox failed --limit``...).
@@ -80,18 +80,19 @@ def read_overview(app: App, runtime: Runtime) -> Overview:
     outboxes, failed_rows, dead_letters = [], [], []
     for name in app.service_names:
         with runtime.database(name).connection() as conn:
-            outboxes.append((name, outbox.stats(conn, name)))
-            failed_rows += [{"service": name, **row} for row in outbox.list_failed(conn, name, LIMIT)]
+            outboxes.append((name, outbox_admin.stats(conn, name)))
+            failed_rows += [{"service": name, **row} for row in outbox_admin.list_failed(conn, name, LIMIT)]
     kinds, stuck, failed = [], [], []
     for saga in app.sagas:
         with runtime.database(saga.service).connection() as conn:
-            kinds.append(SagaKind(saga, sagas.count_by_status(conn, saga.table)))
+            kinds.append(SagaKind(saga, saga_reports.count_by_status(conn, saga.table)))
             stuck += [
-                SagaLine(saga.name, r) for r in sagas.search(conn, saga.table, status=None, stuck=True, limit=LIMIT)
+                SagaLine(saga.name, r)
+                for r in saga_reports.search(conn, saga.table, status=None, stuck=True, limit=LIMIT)
             ]
             failed += [
                 SagaLine(saga.name, r)
-                for r in sagas.search(conn, saga.table, status="failed", stuck=False, limit=LIMIT)
+                for r in saga_reports.search(conn, saga.table, status="failed", stuck=False, limit=LIMIT)
             ]
     dead_letters = sorted(groups(runtime, app.service_names), key=lambda g: (-g.count, g.service))[:LIMIT]
     return Overview(outboxes, failed_rows, dead_letters, kinds, stuck, failed)

@@ -15,9 +15,9 @@ import attrs
 
 from estafeta import App, Runtime, Service
 from estafeta.events.projection_ops import ProjectionStatus, projection_status
-from sql import event_store, outbox, projection_store
+from sql import event_store, outbox_admin, projection_store
 from sql.event_store import StoredEvent
-from sql.outbox import ScheduledRow
+from sql.outbox_admin import ScheduledRow
 
 from .aggregates import aggregate_state
 from .lists import BadFilter
@@ -189,6 +189,6 @@ def read_scheduled(app: App, runtime: Runtime) -> list[dict[str, Any]]:
     found: list[tuple[str, ScheduledRow]] = []
     for name in app.service_names:
         with runtime.database(name).connection() as conn:
-            found += [(name, row) for row in outbox.list_scheduled(conn, name, SCHEDULED)]
+            found += [(name, row) for row in outbox_admin.list_scheduled(conn, name, SCHEDULED)]
     found.sort(key=lambda item: item[1].available_at)
     return [{"service": name, **attrs.asdict(row)} for name, row in found]

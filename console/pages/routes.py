@@ -44,7 +44,7 @@ from markupsafe import Markup
 from estafeta import App, Problem, Runtime, SagaError, SagaNotFound
 from estafeta.app.settings import CONSOLE_PASSWORD_MIN_LENGTH
 from estafeta.operations.dead_letter_replay import ReplayOutcome, replay
-from sql import outbox
+from sql import outbox_admin
 
 from .. import charts as console_charts
 from .. import saga_diagram, saga_labels
@@ -317,7 +317,7 @@ class Console:
         total = 0
         for name in names:
             with self.runtime.database(name).connection() as conn:
-                total += len(outbox.retry_failed(conn, name, row_id))
+                total += len(outbox_admin.retry_failed(conn, name, row_id))
         return self._back("/console", f"{total} outbox row(s) back to pending")
 
     def replay_dead_letters(self, form: Form) -> Response:

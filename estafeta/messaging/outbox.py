@@ -27,7 +27,7 @@ from estafeta.messaging.messages import to_json
 from estafeta.observability import tracing as tracing
 from estafeta.steps.spec import Router
 from sql import outbox as store
-from sql import plan
+from sql import outbox_admin, plan
 
 T = TypeVar("T")
 
@@ -228,7 +228,7 @@ def cancel(conn: psycopg.Connection[Any], message_id: uuid.UUID, *, service: str
     """
     write_held(conn)
     _wrote.add(id(conn))
-    plan.run(conn, store.cancel_plan(service, message_id))
+    plan.run(conn, outbox_admin.cancel_plan(service, message_id))
 
 
 def reschedule(conn: psycopg.Connection[Any], message_id: uuid.UUID, at: datetime, *, service: str) -> None:
@@ -240,7 +240,7 @@ def reschedule(conn: psycopg.Connection[Any], message_id: uuid.UUID, at: datetim
     """
     write_held(conn)
     _wrote.add(id(conn))
-    plan.run(conn, store.reschedule_plan(service, message_id, at))
+    plan.run(conn, outbox_admin.reschedule_plan(service, message_id, at))
 
 
 def message_type(kind: type) -> str:

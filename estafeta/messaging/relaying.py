@@ -12,8 +12,9 @@ import dramatiq
 from psycopg import conninfo
 
 from brokers import wait_replicas
+from brokers.outboxes import Outbox
 from brokers.publish import durability_warning, publisher_for
-from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.relay import Relay, RelayConfig
 from brokers.tracing import messaging_system
 from estafeta.app.runtime import Runtime
 from sql.pool import Database

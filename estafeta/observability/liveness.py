@@ -23,7 +23,7 @@ import dramatiq
 
 from brokers.queue_depth import waiting_messages
 from estafeta.observability.heartbeats import Kind
-from sql import heartbeats, outbox
+from sql import heartbeats, outbox_admin
 from sql.heartbeats import HeartbeatRow
 from sql.pool import Database
 
@@ -180,7 +180,7 @@ def read_service(spec: ServiceSpec, database: Database, broker: dramatiq.Broker 
     try:
         with database.connection() as conn:
             rows = heartbeats.list_rows(conn, spec.name)
-            pending: int | None = outbox.stats(conn, spec.name).pending
+            pending: int | None = outbox_admin.stats(conn, spec.name).pending
     except Exception as exc:  # one database down costs its own service only
         rows, pending = [], None
         errors.append(f"database: {_first_line(exc)}")

@@ -20,7 +20,7 @@ from estafeta.observability.heartbeats import Kind
 from estafeta.observability.liveness import Condition, Liveness, ServiceSpec, read_liveness
 
 if TYPE_CHECKING:
-    from brokers.relay import Outbox
+    from brokers.outboxes import Outbox
     from estafeta.app.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ import attrs
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from brokers.relay import Outbox
-from sql import inbox, sagas, table_health
+from brokers.outboxes import Outbox
+from sql import inbox, saga_reports, sagas, table_health
 from sql.pool import Database
 from sql.sagas import SagaTable
 
@@ -63,8 +63,8 @@ class TablesCollector(Collector):
         for kind in self.kinds:
             try:
                 with kind.database.connection() as conn:
-                    counts = sagas.count_by_status(conn, kind.table)
-                    stalled, waited = sagas.stalls(conn, kind.table, self.stuck_after)
+                    counts = saga_reports.count_by_status(conn, kind.table)
+                    stalled, waited = saga_reports.stalls(conn, kind.table, self.stuck_after)
             except Exception as exc:  # a scrape must not fail because one database is down
                 logger.warning("metrics: no saga counts for %s: %s", kind.name, exc)
                 continue

@@ -38,7 +38,7 @@ import dramatiq
 from psycopg import conninfo
 
 from brokers.metrics import ClockCollector, OutboxCollector
-from brokers.relay import Outbox
+from brokers.outboxes import Outbox
 from estafeta.app.runtime import Runtime
 from estafeta.app.settings import Settings
 from estafeta.observability import logs as logs

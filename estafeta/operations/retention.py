@@ -35,7 +35,7 @@ from estafeta.app.middleware import WorkerThread
 from estafeta.app.runtime import Runtime
 from estafeta.app.settings import Settings
 from sql import retention as store
-from sql import sagas
+from sql import saga_writes
 from sql.errors import DatabaseError, EstafetaError
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def prune(
         _prune_tables(runtime, service.name, tables, retention.lock_timeout, report)
     for saga in sagas_:
         log = functools.partial(
-            sagas.prune_log,
+            saga_writes.prune_log,
             table=saga.table,
             older_than=retention.saga_log,
             batch_size=retention.batch_size,

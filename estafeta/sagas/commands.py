@@ -17,8 +17,7 @@ from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import ACTION, COMPENSATION, SagaStep, SagaStuck
 from estafeta.steps.context import REPLY_TO
 from estafeta.steps.spec import StepSpec
-from sql import plan
-from sql import sagas as store
+from sql import plan, saga_writes
 from sql.sagas import SagaRow
 
 
@@ -73,7 +72,7 @@ def send(
     # The command is built first: a saga whose command cannot be built is stuck, even
     # when its previous send is still in the outbox.
     built = built or command_for(saga, row)
-    if previous is not None and store.requeue_command(conn, saga.service, previous):
+    if previous is not None and saga_writes.requeue_command(conn, saga.service, previous):
         return  # the previous send never left the outbox: it is back in line instead
     # In a step, the command rides with the commit (outbox.held_until_commit).
     outbox.write_or_hold(conn, send_plan(saga, row, traceparent=traceparent, built=built))

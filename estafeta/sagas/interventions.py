@@ -18,6 +18,7 @@ import psycopg
 from estafeta.sagas import commands, moves, saga_log
 from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import SagaError, SagaNotFound
+from sql import saga_writes
 from sql import sagas as store
 from sql.sagas import SagaRow
 
@@ -32,7 +33,7 @@ def on_deadline(saga: SagaDefinition, conn: psycopg.Connection[Any], row: SagaRo
     _, _, direction = commands.command_for(saga, row)
     if row.attempts < current.max_attempts:
         wait = saga._wait(current, row.step_timeout, row.attempts + 1)
-        resent = store.record_resend(conn, saga.table, row, wait=wait)
+        resent = saga_writes.record_resend(conn, saga.table, row, wait=wait)
         detail = f"no reply by the deadline: attempt {resent.attempts} of {current.max_attempts}"
         saga_log.record(saga, conn, row, resent, "resent", detail)
         commands.send(saga, conn, resent, previous=commands.message_id_of(row, direction))

@@ -21,6 +21,7 @@ from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import ACTION, SagaState, SagaStuck, following, taken
 from estafeta.sagas.saga_metrics import COMPENSATIONS, REPLIES, TRANSITIONS
 from estafeta.steps.context import Reply, StepContext
+from sql import saga_writes
 from sql import sagas as store
 from sql.sagas import SagaRow
 
@@ -165,7 +166,7 @@ def move(
     With ``ctx`` (the orchestrator step's) and ``local_steps``, a command for the saga's
     own service is run here instead (:func:`run_local`).
     """
-    moved = store.transition(
+    moved = saga_writes.transition(
         conn,
         saga.table,
         row,

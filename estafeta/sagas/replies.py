@@ -20,7 +20,7 @@ from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import ACTION, COMPENSATION
 from estafeta.sagas.saga_metrics import REPLIES
 from estafeta.steps.context import Reply, StepContext
-from sql import plan
+from sql import plan, saga_writes
 from sql import sagas as store
 from sql.sagas import SagaRow
 
@@ -66,7 +66,7 @@ def on_reply(saga: SagaDefinition, ctx: StepContext, reply: Reply) -> None:
             context.get("version"),
             row.last_error,
         )
-        store.clear_error(ctx.conn, saga.table, row)  # superseded: the participant acted
+        saga_writes.clear_error(ctx.conn, saga.table, row)  # superseded: the participant acted
     elif not answers_current(row, context):
         REPLIES.labels(saga.name, "stale").inc()
         logger.info(

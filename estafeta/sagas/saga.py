@@ -62,7 +62,7 @@ from estafeta.sagas.model import SagaState, SagaStep, as_timedelta, taken
 from estafeta.sagas.saga_metrics import TRANSITIONS
 from estafeta.steps.context import Reply, StepContext
 from estafeta.steps.spec import Owner, StepSpec
-from sql import plan
+from sql import plan, saga_writes
 from sql import sagas as store
 from sql.migrate import Migration
 from sql.sagas import SagaRow
@@ -184,7 +184,7 @@ class Saga(SagaDefinition):
         first = next(s for s in self.steps if s.action is not None)
         timeout = as_timedelta(step_timeout)
         assert timeout is not None
-        inserted = yield store.insert_statement(
+        inserted = yield saga_writes.insert_statement(
             self.table,
             saga_id=saga_id,
             key=getattr(data, self.key),

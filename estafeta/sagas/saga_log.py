@@ -13,8 +13,7 @@ import psycopg
 from estafeta.sagas.definition import SagaDefinition, SagaTransition
 from estafeta.sagas.model import SagaStuck
 from estafeta.steps.context import Reply
-from sql import plan
-from sql import sagas as store
+from sql import plan, saga_writes
 from sql.sagas import SagaRow
 
 
@@ -48,7 +47,7 @@ def record_plan(
 ) -> plan.Plan[None]:
     """:func:`record` as a plan, for any driver (a start on an async connection)."""
     if not logged:
-        yield store.log_statement(
+        yield saga_writes.log_statement(
             saga.table,
             saga_id=after.saga_id,
             version=after.version,

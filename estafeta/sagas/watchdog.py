@@ -46,6 +46,7 @@ from estafeta.observability import tracing as tracing
 from estafeta.sagas.model import SagaStuck
 from estafeta.sagas.saga import Saga
 from estafeta.sagas.saga_metrics import TRANSITIONS
+from sql import saga_writes
 from sql import sagas as store
 from sql.errors import DatabaseError, DatabaseUnavailable
 from sql.sagas import SagaRow
@@ -149,11 +150,11 @@ class Watchdog:
             if row is None or not _unchanged(row, seen):
                 return None
             if not final:
-                errors = store.record_error(conn, saga.table, row, error)
+                errors = saga_writes.record_error(conn, saga.table, row, error)
                 if errors < self.max_errors:
                     return "error"
                 error = f"{error} ({errors} errors in a row)"
-            store.transition(
+            saga_writes.transition(
                 conn,
                 saga.table,
                 row,

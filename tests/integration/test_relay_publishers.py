@@ -14,10 +14,11 @@ import pika
 import pytest
 
 from brokers import broker_from_url
+from brokers.outboxes import Outbox
 from brokers.publish import publisher_for, to_message
 from brokers.rabbitmq import RabbitmqPublisher
 from brokers.redis import RedisPublisher
-from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.relay import Relay, RelayConfig
 from sql.outbox import OutboxRow
 
 from ..relay_support import SCHEMA, add

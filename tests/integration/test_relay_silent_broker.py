@@ -24,8 +24,12 @@ from .relay_faults import with_port
 pytestmark = pytest.mark.integration
 
 #: The bound the relay's warning states, seconds: its default confirm timeout bounds a whole
-#: attempt; RabbitMQ's handshake has the tighter connect timeout (10 s, so a second host is tried in time).
-BOUNDS = {"redis": 15, "rabbitmq": 10}
+#: attempt; RabbitMQ's handshake has the tighter connect timeout (10 s, so a second host is tried in time),
+#: Kafka's probe of the cluster before a batch its own 5 s (so an unreachable cluster is reported soon).
+BOUNDS = {"redis": 15, "rabbitmq": 10, "kafka": 5}
+#: Where each broker's URL comes from: a fixture (a server that answers), or the URL itself
+#: (Kafka: only its port matters, the silent server takes its place).
+URLS = {"redis": "redis_url", "rabbitmq": "amqp_url", "kafka": "kafka://127.0.0.1:9092"}
 
 
 @contextlib.contextmanager
@@ -57,11 +61,11 @@ def silent_server() -> Iterator[int]:
         thread.join(5)
 
 
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq", "kafka"])
 def test_the_relay_warns_within_its_bound_against_a_broker_that_never_answers(
     broker: str, request: pytest.FixtureRequest, database_url: str, runtime, conn, tmp_path: Path
 ) -> None:
-    url = str(request.getfixturevalue("redis_url" if broker == "redis" else "amqp_url"))
+    url = URLS[broker] if "://" in URLS[broker] else str(request.getfixturevalue(URLS[broker]))
     add(conn, "k", 0)
     with silent_server() as port:
         env = processes.service_env(database_url, with_port(url, port))

@@ -15,8 +15,9 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
+from brokers.outboxes import Outbox
 from brokers.publish import publisher_for
-from brokers.relay import Outbox, Relay, RelayConfig
+from brokers.relay import Relay, RelayConfig
 from sql.errors import StandbysBehind
 from sql.pool import Database
 
