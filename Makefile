@@ -65,12 +65,12 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -m integration
 
-## Lint, format, layering (import-linter) and no run-time import cycle (module- or function-level).
+## Lint, format, layering (import-linter) and no import cycle (module- or function-level, or type-only).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	$(BIN)/python scripts/check_import_cycles.py
+	$(BIN)/python scripts/check_import_cycles.py --type-checking
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -124,7 +124,7 @@ def main(argv: Sequence[str]) -> int:
     packages = [arg for arg in argv if arg != "--type-checking"] or root_packages()
     graph, imports = module_imports(packages, type_checking=type_checking)
     kind = "import cycle" if type_checking else "run-time import cycle"
-    scope = ", type-checking imports included," if type_checking else ""
+    scope = " (type-checking imports included)" if type_checking else ""
     found = 0
     for tangle in tangles(imports):
         found += 1
@@ -133,7 +133,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"{found} {kind}(s){scope} in {', '.join(packages)}: move what both sides share into a module")
         print("of its own, or pass the dependency in.")
         return 1
-    print(f"No {kind}{scope.rstrip(',')} in {', '.join(packages)}.")
+    print(f"No {kind}{scope} in {', '.join(packages)}.")
     return 0
 
 

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 from actors import pingpong
 from actors.order_saga import ORDER_SAGA, reconcile
 from brokers.relay import Relay
-from cli.demo import DuplicatingPublisher
+from cli.demo_harness import DuplicatingPublisher
 from cli.seed import plan_orders
 from estafeta import Runtime, Settings, Watchdog
 from estafeta.app.clock import Clock

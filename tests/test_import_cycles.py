@@ -35,6 +35,11 @@ def test_the_project_has_no_run_time_import_cycle() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_project_has_no_import_cycle_type_checking_imports_included() -> None:
+    result = check(ROOT, "--type-checking")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_a_cycle_closed_by_a_function_level_import_fails_the_check_with_one_line(tmp_path: Path) -> None:
     package(
         tmp_path,
