@@ -34,6 +34,7 @@ from sql.pool import notifications
 
 from . import metrics, tracing
 from .batches import PublishOutcome
+from .deployments import DeploymentName, stamp
 from .errors import BrokerUnavailable
 from .outboxes import Outbox
 from .publish import Publisher
@@ -87,6 +88,8 @@ class Relay:
         self.outboxes = list(outboxes)
         self.publisher = publisher
         self.config = config
+        #: The deployment named in every message published (``brokers.deployments``); ``None``: none.
+        self.deployment: DeploymentName | None = None
         #: ``messaging.system`` of the broker, for the batches' ``send`` spans.
         self.system = system
         #: Set by NOTIFY (and by anyone who wants the relay to look now: every outbox, unless
@@ -118,6 +121,7 @@ class Relay:
                 return BatchResult(0, 0, 0)
             if self.config.wait_standbys:
                 store.wait_for_standbys(conn, self.config.wait_standbys, self.config.standby_timeout)
+            stamp(rows, self.deployment)
             claimed_at = time.monotonic()
             with tracing.sending(outbox.schema, rows, self.system) as span:
                 outcome = self.publisher.publish(rows)

@@ -23,6 +23,7 @@ import dramatiq
 
 from . import demo_harness, demo_summary
 from .context import order_system
+from .demo_guard import refuse_foreign_consumers
 from .seed import OrderPlan, plan_orders, seed_services
 
 if TYPE_CHECKING:
@@ -105,6 +106,8 @@ def demo_command(
     runtime, broker = context.runtime, context.broker
     if database_per_service:
         runtime, broker = _database_per_service(context.app, runtime)
+    if not external:  # the demo's own workers start below: a consumer there now is another deployment's
+        refuse_foreign_consumers(context.app, broker, runtime.settings.redacted_broker_url)
     context.app.migrate(runtime)
     run = uuid.uuid4().hex[:6]
     plan = plan_orders(count, prefix=f"demo-{run}-", rng=random.Random(rng_seed))

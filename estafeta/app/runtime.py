@@ -76,6 +76,12 @@ class Runtime:
                 self._embedded_dsn = embedded.start()
             return self._embedded_dsn
 
+    def dsns(self) -> list[str]:
+        """Every resolved DSN the settings name: the default database's first, then each service's own."""
+        default = self.dsn_for("")  # no service is named "": the default database
+        own = sorted({self.dsn_for(service) for service in self.settings.service_database_urls})
+        return [default, *(dsn for dsn in own if dsn != default)]
+
     def database(self, service: str) -> Database:
         """The pool of ``service``'s database."""
         dsn = self.dsn_for(service)

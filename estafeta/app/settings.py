@@ -179,6 +179,14 @@ class Settings:
     #: with ``--allow-actions``): ``ESTAFETA_CONSOLE_PASSWORD``, or the first line of the file
     #: ``ESTAFETA_CONSOLE_PASSWORD_FILE`` names. Never shown in a repr or a log line.
     console_password: str | None = attrs.field(default=None, repr=False)
+    #: The name of this deployment, stamped by its relays on every message they publish: a
+    #: worker parks a message stamped by another deployment instead of running it
+    #: (docs/how-to/run-for-real.md, "One broker namespace per deployment"). Unset, it is
+    #: derived from the databases: the default database's name and a hash of each
+    #: database's PostgreSQL ``system_identifier`` and name. Set it when the derived name
+    #: would not tell deployments apart (databases restored from one physical backup) or
+    #: would change under a deployment (a ``pg_upgrade`` gives a new ``system_identifier``).
+    deployment: str | None = None
 
     def database_url_for(self, service: str) -> str:
         """The DSN of ``service``'s database."""
@@ -215,6 +223,8 @@ class Settings:
                 values["broker_url"] = _broker_url(name, value)
             elif suffix == "LOCK_URL":
                 values["lock_url"] = _lock_url(name, value)
+            elif suffix == "DEPLOYMENT":
+                values["deployment"] = _deployment(name, value)
             elif suffix == "METRICS_HOST":
                 values["metrics_host"] = value.strip() or "0.0.0.0"
             elif suffix in ("CONSOLE_PASSWORD", "CONSOLE_PASSWORD_FILE"):
@@ -318,6 +328,16 @@ def _lock_url(name: str, value: str) -> str:
     for url in value.split(","):
         if not url.strip().startswith(("redis://", "rediss://")):
             raise SettingsError(name, f"{redact_url(url.strip())!r} is neither 'postgres' nor a redis:// URL")
+    return value
+
+
+_DEPLOYMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/~-]{0,99}$")
+
+
+def _deployment(name: str, value: str) -> str:
+    value = value.strip()
+    if not _DEPLOYMENT.match(value):
+        raise SettingsError(name, f"{value!r} is not a deployment name (up to 100 letters, digits and . _ : @ / ~ -)")
     return value
 
 

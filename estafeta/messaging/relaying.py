@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from brokers.outboxes import Outbox
 from brokers.publish import durability_warning, publisher_for
 from brokers.relay import Relay, RelayConfig
 from brokers.tracing import messaging_system
+from estafeta.app.deployment import deployment_name
 from estafeta.app.runtime import Runtime
 from sql.pool import Database
 
@@ -29,7 +31,8 @@ def build_relay(runtime: Runtime, broker: dramatiq.Broker, services: Sequence[st
     """A relay over the outboxes of ``services``, configured from the runtime's settings.
 
     The relay gets pools of its own, named ``estafeta-relay`` in ``pg_stat_activity``,
-    one per database (services sharing a database share it). ``overrides``:
+    one per database (services sharing a database share it). Every message it publishes
+    names the runtime's deployment (``estafeta.app.deployment``). ``overrides``:
     ``batch_size``, ``poll_interval``, ``attempt_backoff``, ``confirm_timeout``.
     """
     settings = runtime.settings
@@ -54,7 +57,10 @@ def build_relay(runtime: Runtime, broker: dramatiq.Broker, services: Sequence[st
     replicas = wait_replicas(settings.broker_url)
     if replicas:
         options["wait_replicas"] = replicas
-    return Relay(outboxes, publisher_for(broker, **options), config, system=messaging_system(broker))
+    relay = Relay(outboxes, publisher_for(broker, **options), config, system=messaging_system(broker))
+    # Asked of the databases when the first batch goes out, not now: a relay starts without them.
+    relay.deployment = functools.partial(deployment_name, runtime)
+    return relay
 
 
 def close_relay(relay: Relay) -> None:

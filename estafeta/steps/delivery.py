@@ -32,6 +32,7 @@ from estafeta.steps import transaction as step_tx
 from estafeta.steps import worker_deaths as worker_deaths
 from estafeta.steps.alone import DELIVERIES
 from estafeta.steps.context import StepContext
+from estafeta.steps.foreign import refusal
 from estafeta.steps.outcome import Outcome
 from estafeta.steps.parking import answer, is_last_attempt, park
 from estafeta.steps.spec import StepSpec
@@ -67,6 +68,9 @@ def _deliver(
         message_id = uuid.UUID(str(message.message_id))
     except ValueError:
         return park(spec, database, None, str(message.message_id), raw, "message id is not a UUID")
+    foreign = refusal(runtime, message)  # another deployment's message: never run here
+    if foreign is not None:
+        return park(spec, database, message_id, str(message_id), raw, foreign, logged=False)
     try:
         command, payload = _decode(spec, message)
     except InvalidMessage as exc:

@@ -82,13 +82,19 @@ def park(
     shown_id: str,
     raw: dict[str, Any],
     reason: str,
+    *,
+    logged: bool = True,
 ) -> Outcome:
-    """Dead-letter a message once (the inbox record keeps a redelivery from parking it again)."""
+    """Dead-letter a message once (the inbox record keeps a redelivery from parking it again).
+
+    ``logged=False``: no log line (the caller says it once for many, ``estafeta.steps.foreign``).
+    """
     with database.transaction() as conn:
         if message_id is not None:
             if not inbox.record(conn, spec.service, spec.actor_name, message_id):
                 return Outcome.DUPLICATE
             inbox.forget_attempts(conn, spec.service, spec.actor_name, message_id)
         inbox.dead_letter(conn, spec.service, spec.actor_name, shown_id, raw, f"{spec.actor_name}: {reason}")
-    logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
+    if logged:
+        logger.error("%s: message %s dead-lettered: %s", spec.actor_name, shown_id, reason)
     return Outcome.DEAD_LETTERED
