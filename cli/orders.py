@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
@@ -15,6 +15,7 @@ from estafeta.observability import tracing as tracing
 
 from .context import order_system
 from .projections import Moment
+from .tables import echo_table, when
 
 if TYPE_CHECKING:
     import psycopg
@@ -175,9 +176,8 @@ def _print_projected(projected: Projected) -> None:
 
 
 def _print_timeline(view: OrderView) -> None:
-    for entry in view.timeline:
-        detail = f"  {entry.detail}" if entry.detail else ""
-        click.echo(f"  {entry.at.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f} UTC  {entry.what:<15}{detail}".rstrip())
+    rows = [(when(entry.at, precise=True), entry.what, entry.detail) for entry in view.timeline]
+    echo_table(("AT", "WHAT", "DETAIL"), rows, empty="  no facts recorded", indent="  ")
 
 
 @orders_group.command("history")
@@ -202,12 +202,12 @@ def history_command(order_id: uuid.UUID, as_of: datetime | None, as_json: bool) 
     if as_json:
         click.echo(json.dumps({"as_of": as_of.isoformat() if as_of else None, **_jsonable(attrs.asdict(view))}))
         return
-    when = f" as of {as_of.isoformat()}" if as_of else ""
+    asked = f" as of {as_of.isoformat()}" if as_of else ""
     what = f"{view.customer_id}, {view.quantity} x {view.sku}, {view.amount_cents} cents"
     if view.placed_at is None:
         what = "placed before its history was recorded"
     reason = f": {view.cancel_reason}" if view.cancel_reason else ""
-    click.echo(f"order {view.order_id}{when}: {view.status}{reason} ({what})")
+    click.echo(f"order {view.order_id}{asked}: {view.status}{reason} ({what})")
     if view.failure:
         click.echo(f"saga stopped for an operator: {view.failure}")
     _print_timeline(view)
@@ -251,13 +251,14 @@ def list_command(status: str | None, limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([_jsonable(attrs.asdict(o)) for o in found]))
         return
-    for o in found:
-        click.echo(
-            f"{o.created_at:%Y-%m-%d %H:%M:%S} {o.order_id} {o.status:<9} {o.customer_id} {o.quantity} x {o.sku}"
-            f" {o.amount_cents} cents"
-        )
-    if not found:
-        click.echo("no orders")
+    echo_table(
+        ("CREATED", "ORDER", "STATUS", "CUSTOMER", "QUANTITY", "SKU", "AMOUNT (CENTS)"),
+        [
+            (when(o.created_at), str(o.order_id), o.status, o.customer_id, o.quantity, o.sku, o.amount_cents)
+            for o in found
+        ],
+        empty="no orders",
+    )
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
