@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -55,6 +56,7 @@ def orders_group() -> None:
 @click.option("--amount", type=click.IntRange(min=1), required=True, help="Amount to charge, in cents.")
 @click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True, help="Orders to place.")
 @click.option("--idempotency-key", "key", help="Placing twice with the same key places once (--count: KEY-1..KEY-N).")
+@click.option("-v", "--verbose", is_flag=True, help="Also print one line per order: its id, its saga's id.")
 @_json_option
 def place_command(
     customers: tuple[str, ...],
@@ -63,10 +65,14 @@ def place_command(
     amount: int,
     count: int,
     key: str | None,
+    verbose: bool,
     as_json: bool,
 ) -> None:
     """Enqueue orders: each order's row, its saga and its first command commit in one transaction.
 
+    Prints one line: how many orders were placed (and how many a reused key had placed
+    already), in how long, and the first and last order (the only one's saga too); -v adds
+    a line per order before it; --json prints every order (order_id, saga_id, placed).
     The sagas run wherever `dramatiq actors` and `estafeta relay` run for this database
     and broker (with the default stub:// broker nothing outside this process would run
     them: try `estafeta demo`).
@@ -76,15 +82,30 @@ def place_command(
 
     keys = [None] * count if key is None else ([key] if count == 1 else [f"{key}-{i}" for i in range(1, count + 1)])
     who = list(zip(itertools.cycle(customers), itertools.cycle(skus), keys, strict=False))
+    started = time.monotonic()
     try:
         placed = _place(runtime, who, quantity, amount)
     except IdempotencyConflict as exc:
         raise click.BadParameter(str(exc), param_hint="--idempotency-key") from None
+    seconds = time.monotonic() - started
     if as_json:
         click.echo(json.dumps([_jsonable(attrs.asdict(p)) for p in placed]))
         return
-    for p in placed:
-        click.echo(f"order {p.order_id} saga {p.saga_id} {'placed' if p.placed else 'already placed (same key)'}")
+    if verbose:
+        for p in placed:
+            click.echo(f"order {p.order_id} saga {p.saga_id} {'placed' if p.placed else 'already placed (same key)'}")
+    click.echo(placed_summary(placed, seconds))
+
+
+def placed_summary(placed: list[PlacedOrder], seconds: float) -> str:
+    """One line for ``placed``: how many were placed (and found placed by their key), in how long, which ones."""
+    new = sum(p.placed for p in placed)
+    again = f", {len(placed) - new} already placed (same key)," if new < len(placed) else ""
+    rate = f" ({new / seconds:,.0f} orders/s)" if new > 1 and seconds > 0 else ""
+    head = f"placed {new:,} order{'' if new == 1 else 's'}{again} in {seconds:.2f} s{rate}"
+    if len(placed) == 1:
+        return f"{head}: order {placed[0].order_id}, saga {placed[0].saga_id}"
+    return f"{head}: first order {placed[0].order_id}, last order {placed[-1].order_id}"
 
 
 def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: int, amount: int) -> list[PlacedOrder]:

@@ -110,6 +110,36 @@ def test_sagas_show_dates_every_time_and_heads_its_timeline(env: dict[str, str],
     assert [r[:3] for r in rows] == [[utc(e.at, precise=True), str(e.version), e.event] for e in timeline]
 
 
+_PLACE = ("orders", "place", "--customer", "c1", "--customer", "c2", "--sku", "sku1", "--amount", "700")
+
+
+def _placed_lines(env: dict[str, str], *args: str) -> list[str]:
+    return ok(env, *_PLACE, *args).splitlines()
+
+
+def test_orders_place_count_prints_one_summary_line_and_each_order_under_verbose(env: dict[str, str], conn) -> None:
+    (line,) = _placed_lines(env, "--count", "30")
+    orders = [r[0] for r in conn.execute("SELECT order_id::text FROM orders.orders ORDER BY created_at, order_id")]
+    assert len(orders) == 30
+    found = re.fullmatch(r"placed 30 orders in [\d.]+ s \([\d,]+ orders/s\): first order (\S+), last order (\S+)", line)
+    assert found is not None, line
+    assert {found[1], found[2]} <= set(orders) and found[1] != found[2]
+
+    (one,) = _placed_lines(env, "--idempotency-key", "K")
+    (again,) = _placed_lines(env, "--idempotency-key", "K")
+    saga_id = scalar(conn, "SELECT saga_id::text FROM orders.saga_order ORDER BY started_at DESC LIMIT 1")
+    order_id = scalar(conn, "SELECT order_id::text FROM orders.orders WHERE idempotency_key = 'K'")
+    assert re.fullmatch(rf"placed 1 order in [\d.]+ s: order {order_id}, saga {saga_id}", one), one
+    assert again.startswith("placed 0 orders, 1 already placed (same key), in ")
+
+    verbose = _placed_lines(env, "--count", "3", "-v")
+    assert len(verbose) == 4 and verbose[-1].startswith("placed 3 orders in ")
+    assert all(re.fullmatch(r"order \S+ saga \S+ placed", v) for v in verbose[:3]), verbose
+    # --json is as it was: every order, with its saga and whether this call placed it.
+    placed = json.loads(ok(env, *_PLACE, "--count", "2", "--json"))
+    assert [sorted(p) for p in placed] == [["order_id", "placed", "saga_id"]] * 2
+
+
 def test_the_outbox_commands_print_a_header_and_utc_dates(env: dict[str, str], conn) -> None:
     message_id = uuid.uuid4()
     conn.execute(
