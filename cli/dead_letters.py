@@ -12,6 +12,7 @@ from estafeta.operations.dead_letter_replay import Replayed, ReplayOutcome, repl
 from estafeta.operations.dead_letters import DeadLetter, Group, groups, list_dead_letters, show
 
 from .context import current
+from .tables import echo_table, when
 
 _service_option = click.option("--service", "services", multiple=True, help="Only this service (repeatable).")
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -59,13 +60,11 @@ def list_command(services: tuple[str, ...], status: str, group: str | None, limi
     if as_json:
         click.echo(_json([_letter_json(letter) for letter in found]))
         return
-    for letter in found:
-        click.echo(
-            f"{letter.service} #{letter.id} {letter.created_at:%Y-%m-%d %H:%M:%S} {letter.status:<8}"
-            f" [{letter.cause.group}] {letter.reason}"
-        )
-    if not found:
-        click.echo("no dead letters")
+    echo_table(
+        ("SERVICE", "ID", "PARKED", "STATUS", "GROUP", "REASON"),
+        [(d.service, d.id, when(d.created_at), d.status, d.cause.group, d.reason) for d in found],
+        empty="no dead letters",
+    )
 
 
 @dead_letters_group.command("show")
@@ -82,17 +81,14 @@ def show_command(letter_id: int, services: tuple[str, ...], as_json: bool) -> No
         click.echo(_json(_letter_json(letter)))
         return
     cause = letter.cause
-    click.echo(
-        f"dead letter {letter.service} #{letter.id}: {letter.status}, parked {letter.created_at:%Y-%m-%d %H:%M:%S}"
-    )
+    click.echo(f"dead letter {letter.service} #{letter.id}: {letter.status}, parked {when(letter.created_at)}")
     click.echo(f"step {letter.consumer}, message {letter.message_id}")
     click.echo(f"reason: {letter.reason}")
     click.echo(f"group {cause.group}: {cause.error}: {cause.pattern}")
     if letter.status != "parked":
         replayed = f" as {letter.replayed_as}" if letter.replayed_as else ""
         click.echo(
-            f"{letter.status}{replayed} at {letter.resolved_at:%Y-%m-%d %H:%M:%S}"
-            + (f": {letter.note}" if letter.note else "")
+            f"{letter.status}{replayed} at {when(letter.resolved_at)}" + (f": {letter.note}" if letter.note else "")
         )
     click.echo(json.dumps(letter.message, indent=2, default=str))
 
@@ -106,16 +102,16 @@ def groups_command(services: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         click.echo(_json([_group_json(group) for group in found]))
         return
-    for group in found:
-        cause = group.cause
-        click.echo(
-            f"{group.group} {group.count:>6}  {cause.actor}  {cause.error}: {cause.pattern}"
-            f"  ({group.first_at:%Y-%m-%d %H:%M} .. {group.last_at:%Y-%m-%d %H:%M})"
-        )
+    echo_table(
+        ("GROUP", "COUNT", "STEP", "FIRST", "LAST", "CAUSE"),
+        [
+            (g.group, g.count, g.cause.actor, when(g.first_at), when(g.last_at), f"{g.cause.error}: {g.cause.pattern}")
+            for g in found
+        ],
+        empty="no parked dead letters",
+    )
     if found:
-        click.echo("once a cause is fixed: `estafeta dead-letters replay --group GROUP` (try --dry-run first)")
-    else:
-        click.echo("no parked dead letters")
+        click.echo("\nonce a cause is fixed: `estafeta dead-letters replay --group GROUP` (try --dry-run first)")
 
 
 @dead_letters_group.command("replay")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
@@ -15,6 +16,7 @@ from estafeta.observability import tracing as tracing
 
 from .context import order_system
 from .projections import Moment
+from .tables import echo_table, when
 
 if TYPE_CHECKING:
     import psycopg
@@ -54,6 +56,7 @@ def orders_group() -> None:
 @click.option("--amount", type=click.IntRange(min=1), required=True, help="Amount to charge, in cents.")
 @click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True, help="Orders to place.")
 @click.option("--idempotency-key", "key", help="Placing twice with the same key places once (--count: KEY-1..KEY-N).")
+@click.option("-v", "--verbose", is_flag=True, help="Also print one line per order: its id, its saga's id.")
 @_json_option
 def place_command(
     customers: tuple[str, ...],
@@ -62,10 +65,14 @@ def place_command(
     amount: int,
     count: int,
     key: str | None,
+    verbose: bool,
     as_json: bool,
 ) -> None:
     """Enqueue orders: each order's row, its saga and its first command commit in one transaction.
 
+    Prints one line: how many orders were placed (and how many a reused key had placed
+    already), in how long, and the first and last order (the only one's saga too); -v adds
+    a line per order before it; --json prints every order (order_id, saga_id, placed).
     The sagas run wherever `dramatiq actors` and `estafeta relay` run for this database
     and broker (with the default stub:// broker nothing outside this process would run
     them: try `estafeta demo`).
@@ -75,15 +82,30 @@ def place_command(
 
     keys = [None] * count if key is None else ([key] if count == 1 else [f"{key}-{i}" for i in range(1, count + 1)])
     who = list(zip(itertools.cycle(customers), itertools.cycle(skus), keys, strict=False))
+    started = time.monotonic()
     try:
         placed = _place(runtime, who, quantity, amount)
     except IdempotencyConflict as exc:
         raise click.BadParameter(str(exc), param_hint="--idempotency-key") from None
+    seconds = time.monotonic() - started
     if as_json:
         click.echo(json.dumps([_jsonable(attrs.asdict(p)) for p in placed]))
         return
-    for p in placed:
-        click.echo(f"order {p.order_id} saga {p.saga_id} {'placed' if p.placed else 'already placed (same key)'}")
+    if verbose:
+        for p in placed:
+            click.echo(f"order {p.order_id} saga {p.saga_id} {'placed' if p.placed else 'already placed (same key)'}")
+    click.echo(placed_summary(placed, seconds))
+
+
+def placed_summary(placed: list[PlacedOrder], seconds: float) -> str:
+    """One line for ``placed``: how many were placed (and found placed by their key), in how long, which ones."""
+    new = sum(p.placed for p in placed)
+    again = f", {len(placed) - new} already placed (same key)," if new < len(placed) else ""
+    rate = f" ({new / seconds:,.0f} orders/s)" if new > 1 and seconds > 0 else ""
+    head = f"placed {new:,} order{'' if new == 1 else 's'}{again} in {seconds:.2f} s{rate}"
+    if len(placed) == 1:
+        return f"{head}: order {placed[0].order_id}, saga {placed[0].saga_id}"
+    return f"{head}: first order {placed[0].order_id}, last order {placed[-1].order_id}"
 
 
 def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: int, amount: int) -> list[PlacedOrder]:
@@ -175,9 +197,8 @@ def _print_projected(projected: Projected) -> None:
 
 
 def _print_timeline(view: OrderView) -> None:
-    for entry in view.timeline:
-        detail = f"  {entry.detail}" if entry.detail else ""
-        click.echo(f"  {entry.at.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f} UTC  {entry.what:<15}{detail}".rstrip())
+    rows = [(when(entry.at, precise=True), entry.what, entry.detail) for entry in view.timeline]
+    echo_table(("AT", "WHAT", "DETAIL"), rows, empty="  no facts recorded", indent="  ")
 
 
 @orders_group.command("history")
@@ -202,12 +223,12 @@ def history_command(order_id: uuid.UUID, as_of: datetime | None, as_json: bool) 
     if as_json:
         click.echo(json.dumps({"as_of": as_of.isoformat() if as_of else None, **_jsonable(attrs.asdict(view))}))
         return
-    when = f" as of {as_of.isoformat()}" if as_of else ""
+    asked = f" as of {as_of.isoformat()}" if as_of else ""
     what = f"{view.customer_id}, {view.quantity} x {view.sku}, {view.amount_cents} cents"
     if view.placed_at is None:
         what = "placed before its history was recorded"
     reason = f": {view.cancel_reason}" if view.cancel_reason else ""
-    click.echo(f"order {view.order_id}{when}: {view.status}{reason} ({what})")
+    click.echo(f"order {view.order_id}{asked}: {view.status}{reason} ({what})")
     if view.failure:
         click.echo(f"saga stopped for an operator: {view.failure}")
     _print_timeline(view)
@@ -251,13 +272,14 @@ def list_command(status: str | None, limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([_jsonable(attrs.asdict(o)) for o in found]))
         return
-    for o in found:
-        click.echo(
-            f"{o.created_at:%Y-%m-%d %H:%M:%S} {o.order_id} {o.status:<9} {o.customer_id} {o.quantity} x {o.sku}"
-            f" {o.amount_cents} cents"
-        )
-    if not found:
-        click.echo("no orders")
+    echo_table(
+        ("CREATED", "ORDER", "STATUS", "CUSTOMER", "QUANTITY", "SKU", "AMOUNT (CENTS)"),
+        [
+            (when(o.created_at), str(o.order_id), o.status, o.customer_id, o.quantity, o.sku, o.amount_cents)
+            for o in found
+        ],
+        empty="no orders",
+    )
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:

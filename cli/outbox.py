@@ -14,6 +14,7 @@ from sql import inbox, outbox_admin, plan
 from sql.errors import MessageAlreadyPublished, ScheduledMessageRefused
 
 from .context import current
+from .tables import echo_table, when
 
 
 def _services(names: tuple[str, ...]) -> list[str]:
@@ -55,17 +56,19 @@ def stats_command(services: tuple[str, ...], by_type: bool, as_json: bool) -> No
     if as_json:
         click.echo(json.dumps({name: _asdict(s) for name, s in rows.items()}))
         return
-    header = ("service", "pending", "failed", "retrying", "delayed", "blocked keys", "oldest wait")
-    click.echo(f"{header[0]:<15}" + "".join(f"{h:>14}" for h in header[1:]))
-    for name, s in rows.items():
-        counts = (s.pending, s.failed, s.retrying, s.delayed, s.blocked_keys)
-        line = f"{name:<15}" + "".join(f"{n:>14}" for n in counts)
-        click.echo(f"{line}{s.oldest_pending_age_seconds:>12.1f} s")
-    for name, s in rows.items():
-        if s.oldest_error:
-            click.echo(f"{name}: oldest error: {s.oldest_error}")
+    echo_table(
+        ("SERVICE", "PENDING", "FAILED", "RETRYING", "DELAYED", "BLOCKED KEYS", "OLDEST WAIT (S)"),
+        [
+            (name, s.pending, s.failed, s.retrying, s.delayed, s.blocked_keys, float(s.oldest_pending_age_seconds))
+            for name, s in rows.items()
+        ],
+        empty="no services",
+    )
+    notes = [f"{name}: oldest error: {s.oldest_error}" for name, s in rows.items() if s.oldest_error]
     if any(s.failed for s in rows.values()):
-        click.echo("failed rows: `estafeta outbox failed`; once the cause is fixed: `estafeta outbox retry --all`")
+        notes.append("failed rows: `estafeta outbox failed`; once the cause is fixed: `estafeta outbox retry --all`")
+    for note in ["", *notes] if notes else []:
+        click.echo(note)
 
 
 #: How ``--by-type`` shows rows written before the outbox recorded types.
@@ -82,15 +85,11 @@ def _stats_by_type(services: tuple[str, ...], as_json: bool) -> None:
         rows = [{"service": name, **_asdict(s), "message_type": s.message_type or UNKNOWN_TYPE} for name, s in found]
         click.echo(json.dumps(rows, default=str))
         return
-    width = max([len(s.message_type or UNKNOWN_TYPE) for _, s in found] + [4])
-    click.echo(f"{'service':<15}{'type':<{width + 2}}{'pending':>10}{'failed':>10}  oldest")
-    for name, s in found:
-        kind = s.message_type or UNKNOWN_TYPE
-        click.echo(
-            f"{name:<15}{kind:<{width + 2}}{s.pending:>10}{s.failed:>10}  {s.oldest_created_at:%Y-%m-%d %H:%M:%S%z}"
-        )
-    if not found:
-        click.echo("no rows in the outboxes")
+    echo_table(
+        ("SERVICE", "TYPE", "PENDING", "FAILED", "OLDEST"),
+        [(name, s.message_type or UNKNOWN_TYPE, s.pending, s.failed, when(s.oldest_created_at)) for name, s in found],
+        empty="no rows in the outboxes",
+    )
 
 
 @outbox_group.command("failed")
@@ -166,11 +165,19 @@ def scheduled_command(services: tuple[str, ...], limit: int, as_json: bool) -> N
     if as_json:
         click.echo(json.dumps(found, default=str))
         return
-    for row in found:
-        kind = row["message_type"] or row["actor_name"]
-        click.echo(f"{row['available_at']:%Y-%m-%d %H:%M:%S%z}  {row['service']}  {row['message_id']}  {kind}")
-    if not found:
-        click.echo("no scheduled messages")
+    echo_table(
+        ("DUE", "SERVICE", "MESSAGE ID", "TYPE"),
+        [
+            (
+                when(row["available_at"]),
+                row["service"],
+                str(row["message_id"]),
+                row["message_type"] or row["actor_name"],
+            )
+            for row in found
+        ],
+        empty="no scheduled messages",
+    )
 
 
 def _parse_at(value: str) -> datetime:
@@ -225,9 +232,9 @@ def reschedule_command(message_id: uuid.UUID, at: str, services: tuple[str, ...]
     A time already past makes it due now. Refused (exit 2) once a relay is publishing it
     or it was published.
     """
-    when = _parse_at(at)
-    name = _change(services, message_id, lambda schema: outbox_admin.reschedule_plan(schema, message_id, when))
-    click.echo(f"message {message_id} in {name}'s outbox now due at {when.isoformat()}")
+    due = _parse_at(at)
+    name = _change(services, message_id, lambda schema: outbox_admin.reschedule_plan(schema, message_id, due))
+    click.echo(f"message {message_id} in {name}'s outbox now due at {due.isoformat()}")
 
 
 def _has_failed_row(runtime: Any, service: str, row_id: int) -> bool:
@@ -249,10 +256,11 @@ def dead_letters_command(services: tuple[str, ...], limit: int, as_json: bool) -
     if as_json:
         click.echo(json.dumps(found, default=str))
         return
-    for row in found:
-        click.echo(f"{row['service']} #{row['id']} {row['created_at']:%Y-%m-%d %H:%M:%S} {row['reason']}")
-    if not found:
-        click.echo("no dead letters")
+    echo_table(
+        ("SERVICE", "ID", "PARKED", "REASON"),
+        [(row["service"], row["id"], when(row["created_at"]), row["reason"]) for row in found],
+        empty="no dead letters",
+    )
 
 
 def _asdict(value: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from estafeta.observability.heartbeats import Kind, app_heartbeat
 from sql import projection_store
 
 from .context import current
+from .tables import echo_table, when
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 _service_option = click.option(
@@ -143,21 +144,29 @@ def status_command(services: tuple[str, ...], as_json: bool) -> None:
         oldest = max(each, key=lambda w: w["age_seconds"], default=None)
         click.echo(json.dumps({"projections": found, "oldest_writer": oldest, "oldest_writers": each}, default=str))
         return
-    for row in found:
-        where = f"at {row['error_position']}: " if row["error_position"] is not None else ""
-        error = f"  {where}{row['last_error']}" if row["last_error"] else ""
-        click.echo(
-            f"{row['service']}.{row['name']:<28} {row['state']:<10} position {row['position']:<10}"
-            f" lag {row['lag_events']} events, {row['lag_seconds']:.1f}s{error}"
-        )
-    if not found:
-        click.echo("no projection has run yet")
+    echo_table(
+        ("PROJECTION", "STATE", "POSITION", "LAG (EVENTS)", "LAG (S)", "ERROR"),
+        [
+            (f"{r['service']}.{r['name']}", r["state"], r["position"], r["lag_events"], r["lag_seconds"], _error(r))
+            for r in found
+        ],
+        empty="no projection has run yet",
+    )
+    if writers:
+        click.echo()
     for names, writer in writers:
         click.echo(
             f"oldest open writing transaction on the server of {', '.join(names)}: pid {writer.pid}"
             f" ({writer.database}, {writer.application_name or '-'}, {writer.state}), open {writer.age_seconds:.1f}s:"
             " every projection there waits for it"
         )
+
+
+def _error(row: dict[str, Any]) -> str | None:
+    if not row["last_error"]:
+        return None
+    where = f"at {row['error_position']}: " if row["error_position"] is not None else ""
+    return f"{where}{row['last_error']}"
 
 
 @projections_group.command("rebuild")
@@ -243,9 +252,14 @@ def show_command(
     if as_json:
         click.echo(json.dumps({"stream": stream_id, "events": rows, "state": state}, default=str))
         return
-    for row in rows:
-        data = json.dumps(row["data"])
-        click.echo(f"v{row['version']:<5} #{row['position']:<9} {row['recorded_at']}  {row['type']} {data}")
+    echo_table(
+        ("VERSION", "POSITION", "RECORDED", "TYPE", "DATA"),
+        [
+            (e.version, e.position, when(e.recorded_at, precise=True), e.type, json.dumps(r["data"]))
+            for e, r in zip(events, rows, strict=True)
+        ],
+        empty="no events",
+    )
     if state is not None:
         click.echo(f"state: {json.dumps(state, default=str)}")
 

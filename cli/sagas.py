@@ -17,6 +17,7 @@ from sql import saga_reports, sagas
 
 from .context import current
 from .saga_start import start_command
+from .tables import echo_table, when
 
 if TYPE_CHECKING:
     from estafeta import Saga
@@ -60,13 +61,11 @@ def list_command(status: str | None, stuck: bool, limit: int, kind: str | None, 
     if as_json:
         click.echo(json.dumps([_row_json(r) for r in rows]))
         return
-    for r in rows:
-        error = f"  {r.last_error}" if r.last_error else ""
-        click.echo(
-            f"{r.started_at:%Y-%m-%d %H:%M:%S} {r.saga_id} {r.status:<12} {r.current_step:<20} v{r.version}{error}"
-        )
-    if not rows:
-        click.echo("no sagas")
+    echo_table(
+        ("STARTED", "SAGA", "STATUS", "STEP", "VERSION", "LAST ERROR"),
+        [(when(r.started_at), str(r.saga_id), r.status, r.current_step, r.version, r.last_error) for r in rows],
+        empty="no sagas",
+    )
 
 
 @sagas_group.command("show")
@@ -88,16 +87,15 @@ def show_command(saga_id: uuid.UUID, kind: str | None, as_json: bool) -> None:
         return
     click.echo(f"saga {row.saga_id} ({saga.name} {row.key}): {row.status} at {row.current_step}, version {row.version}")
     if row.live:
-        click.echo(
-            f"waiting since {row.updated_at:%H:%M:%S}, attempt {row.attempts}, deadline {row.deadline_at:%H:%M:%S}"
-        )
+        click.echo(f"waiting since {when(row.updated_at)}, attempt {row.attempts}, deadline {when(row.deadline_at)}")
     if row.last_error:
         click.echo(f"last error: {row.last_error}")
-    for e in timeline:
-        # A compensation named by the command it sent, as the console names it.
-        label = saga_labels.timeline_detail(saga, row, e)
-        detail = f"  {label}" if label else ""
-        click.echo(f"  {e.at:%H:%M:%S.%f} v{e.version:<3} {e.event:<13} {e.status:<12} {e.step}{detail}")
+    # A compensation named by the command it sent, as the console names it.
+    cells = [
+        (when(e.at, precise=True), e.version, e.event, e.status, e.step, saga_labels.timeline_detail(saga, row, e))
+        for e in timeline
+    ]
+    echo_table(("AT", "VERSION", "EVENT", "STATUS", "STEP", "DETAIL"), cells, empty="  no transitions", indent="  ")
 
 
 @sagas_group.command("resume")

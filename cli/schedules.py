@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
 import click
@@ -14,6 +13,7 @@ from estafeta import Schedule, Scheduler
 from estafeta.schedules.spec import DeclaredOtherwise
 
 from .context import current
+from .tables import when
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 _name_argument = click.argument("name", metavar="NAME")
@@ -50,10 +50,6 @@ def schedule_rows() -> list[dict[str, Any]]:
     return [state.as_dict() for state in _scheduler().states()]
 
 
-def _when(value: datetime | None) -> str:
-    return "-" if value is None else f"{value:%Y-%m-%d %H:%M:%S%z}"
-
-
 @schedules_group.command("list")
 @_json_option
 def list_command(as_json: bool) -> None:
@@ -83,13 +79,13 @@ def list_command(as_json: bool) -> None:
         elif row["paused"]:
             state = "paused"
         else:
-            state = f"next {_when(row['next_fire_at'])}"
+            state = f"next {when(row['next_fire_at'])}"
         click.echo(f"{row['name']}  {row['spec']}  (overlap {row['overlap']}, catch-up {row['catch_up']})  {state}")
         click.echo(
-            f"    last fired {_when(row['last_tick'])}: {row['last_run'] or '-'};"
+            f"    last fired {when(row['last_tick'])}: {row['last_run'] or '-'};"
             f" fired {row['fired']}, skipped {row['skipped']}, missed {row['missed']}"
         )
-        click.echo(f"    last outcome {_when(row['last_outcome_at'])}: {row['last_outcome'] or '-'}")
+        click.echo(f"    last outcome {when(row['last_outcome_at'])}: {row['last_outcome'] or '-'}")
 
 
 @schedules_group.command("pause")
@@ -114,7 +110,7 @@ def resume_command(name: str) -> None:
         changed = _scheduler(schedule).set_paused(schedule, paused=False)
     row = next(r for r in schedule_rows() if r["name"] == schedule.full_name)
     done = "resumed" if changed else "was not paused"
-    click.echo(f"schedule {schedule.full_name} {done}; next tick {_when(row['next_fire_at'])}")
+    click.echo(f"schedule {schedule.full_name} {done}; next tick {when(row['next_fire_at'])}")
 
 
 @schedules_group.command("trigger")

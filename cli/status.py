@@ -12,6 +12,7 @@ from estafeta.observability.liveness import Liveness, ServiceSpec, app_liveness,
 from sql.heartbeats import MISSED_BEATS, HeartbeatRow
 
 from .context import AppContext, current
+from .tables import table_lines, when
 
 if TYPE_CHECKING:
     import dramatiq
@@ -48,12 +49,12 @@ def _broker(context: AppContext) -> dramatiq.Broker | None:
 def render(liveness: Liveness) -> str:
     """The table of heartbeats (stale ones in red), then the backlog per service and what nobody serves."""
     rows = [_cells(service, row) for service, row in liveness.heartbeats]
-    lines = _table(_HEADER, rows, [not row.live for _, row in liveness.heartbeats])
+    lines = table_lines(_HEADER, rows, red=[not row.live for _, row in liveness.heartbeats])
     if not rows:
         lines.append(click.style("no process has a heartbeat in any service", fg="red"))
     lines.append("")
     backlog = [(s.service, _count(s.outbox_pending), _count(s.queue_waiting), s.error or "") for s in liveness.services]
-    lines += _table(("SERVICE", "OUTBOX PENDING", "QUEUE WAITING", "ERROR"), backlog, [False] * len(backlog))
+    lines += table_lines(("SERVICE", "OUTBOX PENDING", "QUEUE WAITING", "ERROR"), backlog)
     lines.append("")
     for unserved in liveness.unserved:
         lines.append(click.style(unserved.describe(), fg="red", bold=True))
@@ -62,27 +63,16 @@ def render(liveness: Liveness) -> str:
     return "\n".join(lines)
 
 
-def _count(value: int | None) -> str:
-    return "?" if value is None else str(value)
+def _count(value: int | None) -> int | str:
+    return "?" if value is None else value
 
 
 def _cells(service: str, row: HeartbeatRow) -> tuple[str, ...]:
     state = "live" if row.live else f"stale (missed {MISSED_BEATS}+ beats)"
     return (
         service, row.kind, ",".join(row.serves) or "-", row.host, str(row.pid), row.version,
-        f"{row.started_at:%Y-%m-%d %H:%M:%S %Z}", f"{row.age_seconds:.1f} s ago", state,
+        when(row.started_at), f"{row.age_seconds:.1f} s ago", state,
     )  # fmt: skip
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], red: Sequence[bool]) -> list[str]:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(cell).ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
-
-    out = [line(header)]
-    out += [click.style(line(cells), fg="red") if bad else line(cells) for cells, bad in zip(rows, red, strict=True)]
-    return out
 
 
 def serve_liveness(context: AppContext, outboxes: Sequence[Outbox]) -> None:

@@ -64,7 +64,8 @@ def test_status_shows_the_timeline_and_keeps_its_fields(
     text = ok(env, "orders", "status", str(order_id)).splitlines()
     assert text[0] == f"order {order_id}: confirmed (c1, 2 x s1, 3000 cents)"
     assert text[2] == "history (order_summary projection):"
-    assert [line.split()[3] for line in text[3:]] == ["placed", "paid", "reserved", "confirmed", "notified"]
+    assert text[3].split() == ["AT", "WHAT", "DETAIL"]
+    assert [line.split()[3] for line in text[4:]] == ["placed", "paid", "reserved", "confirmed", "notified"]
 
 
 def test_status_says_how_far_the_projection_is_behind(
@@ -95,7 +96,8 @@ def test_history_as_of_shows_a_past_state(env: dict[str, str], runtime: Runtime,
     assert [e["what"] for e in then["timeline"]] == ["placed", "paid"]
     text = ok(env, "orders", "history", str(order_id), "--as-of", paid.isoformat()).splitlines()
     assert text[0] == f"order {order_id} as of {paid.isoformat()}: pending (c1, 2 x s1, 3000 cents)"
-    assert [line.split()[3] for line in text[1:]] == ["placed", "paid"]
+    assert text[1].split() == ["AT", "WHAT", "DETAIL"]
+    assert [line.split()[3] for line in text[2:]] == ["placed", "paid"]
     latest = json.loads(ok(env, "orders", "history", str(order_id), "--json"))
     assert (latest["status"], len(latest["timeline"]), latest["as_of"]) == ("confirmed", 5, None)
     # Without an offset the time is UTC.
