@@ -16,7 +16,7 @@ from dramatiq.brokers.stub import StubBroker
 from actors import payments
 from actors.order_saga import ORDER_SAGA, reconcile
 from brokers.relay import Relay
-from cli.demo import DuplicatingPublisher
+from cli.demo_harness import DuplicatingPublisher
 from cli.seed import plan_orders
 from estafeta import Runtime, Watchdog
 from sql import sagas
