@@ -112,7 +112,7 @@ class SagaBody(BaseModel):
     saga_id: uuid.UUID
     kind: str
     key: str
-    status: Literal["running", "compensating", "completed", "compensated", "failed"]
+    status: Literal["running", "compensating", "gave_up", "completed", "compensated", "failed"]
     current_step: str
     version: int
     attempts: int

@@ -91,6 +91,11 @@ class Child:
         self.kill()
 
 
+def _at_rest(found: dict[str, int]) -> int:
+    """Sagas of ``found`` (counts by status) that nothing moves for now but a late answer or an operator."""
+    return sum(found.get(status, 0) for status in ("completed", "compensated", "failed", "gave_up"))
+
+
 class KillAndRecover:
     """One run against one database and broker."""
 
@@ -152,14 +157,13 @@ class KillAndRecover:
         return {str(status): int(count) for status, count in rows}
 
     def ended(self) -> int:
-        """Sagas that stopped moving for now: completed, compensated or failed (progress, not the end)."""
-        found = self.counts()
-        return found.get("completed", 0) + found.get("compensated", 0) + found.get("failed", 0)
+        """Sagas that stopped moving for now: completed, compensated, failed or gave_up (progress, not the end)."""
+        return _at_rest(self.counts())
 
     def settled(self) -> int:
         """Sagas in a state nothing moves them out of: completed or compensated.
 
-        A saga the watchdog failed for want of a reply still moves on when the late answer
+        A saga the watchdog gave up on for want of a reply still moves on when the late answer
         to that command comes (the participant acted), to compensating and on: a run that
         asserts every saga completed or compensated waits for this, not for :meth:`ended`.
         """
@@ -175,7 +179,7 @@ class KillAndRecover:
 
     def _half_and_compensating(self) -> bool:
         found = self.counts()
-        ended = found.get("completed", 0) + found.get("compensated", 0) + found.get("failed", 0)
+        ended = _at_rest(found)
         return ended >= self.plan.orders or (ended >= self.plan.orders // 2 and found.get("compensating", 0) > 0)
 
     def kill(self, reason: str, *, relay: bool) -> None:
@@ -307,7 +311,7 @@ def main(
         extra[f"ESTAFETA_{service.upper()}_DATABASE_URL"] = dsn
     report = KillAndRecover(database_url, broker_url, plan, log_dir, extra_env=extra).run()
     click.echo(json.dumps(report, indent=2, default=str))
-    if not report["reconciled"] or report["sagas"].get("failed"):
+    if not report["reconciled"] or report["sagas"].get("failed") or report["sagas"].get("gave_up"):
         sys.exit(1)
 
 

@@ -191,7 +191,7 @@ def events_for(transition: SagaTransition) -> list[Any]:
     elif transition.event == "resumed":
         found.append(SagaResumed(transition.step))
     elif reply is not None and reply.ok and before is not None and transition.previous_step is not None:
-        if before == "failed":  # a late answer to the command the saga gave up on: asked while it ran or compensated
+        if before == "gave_up":  # a late answer to the command the saga gave up on: asked while it ran or compensated
             before = "compensating" if reply.context.get("direction") == "compensation" else "running"
         done = _DONE.get((before, transition.previous_step))
         if done is not None and data is not None:
@@ -200,7 +200,7 @@ def events_for(transition: SagaTransition) -> list[Any]:
         found.append(_REFUSED[transition.previous_step](reply.error or ""))
     elif reply is None and transition.event in ("compensating", "compensated") and transition.previous_step:
         found.append(StepAbandoned(transition.previous_step, transition.error or ""))
-    if transition.event == "failed":
+    if transition.event in ("failed", "gave_up"):  # stopped for an operator (a given-up one may still move on)
         found.append(SagaFailed(transition.step, transition.error or ""))
     return found
 

@@ -123,7 +123,7 @@ def demo_command(
         absorbed = demo_harness.absorbed(before, harness)
     summary = demo_summary.summary(runtime, plan, saga_ids, harness, absorbed)
     click.echo(json.dumps(summary) if as_json else demo_summary.report(summary))
-    if ended < len(saga_ids) or summary["failed"] or not summary["reconciled"]:
+    if ended < len(saga_ids) or summary["failed"] or summary["gave_up"] or not summary["reconciled"]:
         raise click.exceptions.Exit(1)
 
 

@@ -41,6 +41,7 @@ def summary(
         "completed": statuses["completed"],
         "compensated": statuses["compensated"],
         "failed": statuses["failed"],
+        "gave_up": statuses["gave_up"],
         "unfinished": statuses["running"] + statuses["compensating"],
         "compensation_reasons": dict(reasons.most_common()),
         "sagas_per_second": latency.ended / latency.span if latency.span else None,
@@ -78,6 +79,8 @@ def report(s: dict[str, Any]) -> str:
         + ", ".join(f"{k}: {v}" for k, v in s["compensation_reasons"].items()),
         f"failed        {s['failed']:>6}" + ("   (see `estafeta sagas list --status failed`)" if s["failed"] else ""),
     ]
+    if s.get("gave_up"):
+        lines.append(f"gave up       {s['gave_up']:>6}   (see `estafeta sagas list --status gave_up`)")
     if s["unfinished"]:
         lines.append(f"unfinished    {s['unfinished']:>6}   (see `estafeta sagas list --stuck`)")
     if s["sagas_per_second"]:

@@ -29,6 +29,13 @@ _kind_option = click.option(
 )
 
 
+#: What ``sagas show`` says of a saga the watchdog gave up on (the runbook says more).
+GAVE_UP_HINT = (
+    "not final: the watchdog stopped waiting, and a late reply may still move it on. Never compensate"
+    " by hand: check what the participant did, then wait for its answer or `estafeta sagas resume` it"
+)
+
+
 def _saga(kind: str | None) -> Saga:
     return current().saga(kind)
 
@@ -45,8 +52,8 @@ def sagas_group() -> None:
 @sagas_group.command("list")
 @click.option(
     "--status",
-    type=click.Choice(["running", "compensating", "completed", "compensated", "failed"]),
-    help="Only sagas in this status.",
+    type=click.Choice(sagas.STATUSES),
+    help="Only sagas in this status (gave_up: the watchdog stopped waiting; a late reply may still move it).",
 )
 @click.option("--stuck", is_flag=True, help="Only live sagas past their deadline.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many.")
@@ -90,6 +97,8 @@ def show_command(saga_id: uuid.UUID, kind: str | None, as_json: bool) -> None:
         click.echo(f"waiting since {when(row.updated_at)}, attempt {row.attempts}, deadline {when(row.deadline_at)}")
     if row.last_error:
         click.echo(f"last error: {row.last_error}")
+    if row.status == sagas.GAVE_UP:
+        click.echo(GAVE_UP_HINT)
     # A compensation named by the command it sent, as the console names it.
     cells = [
         (when(e.at, precise=True), e.version, e.event, e.status, e.step, saga_labels.timeline_detail(saga, row, e))

@@ -68,7 +68,7 @@ def latency(conn: psycopg.Connection[Any], table: SagaTable, saga_ids: Sequence[
 
 
 def count_ended(conn: psycopg.Connection[Any], table: SagaTable, saga_ids: Sequence[uuid.UUID]) -> int:
-    """How many of ``saga_ids`` have ended."""
+    """How many of ``saga_ids`` have ended or were given up (at rest until a late answer or an operator)."""
     found = conn.execute(query("count_ended", table), {"ids": list(saga_ids)}).fetchone()
     return int(found[0]) if found else 0
 

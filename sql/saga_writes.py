@@ -188,7 +188,7 @@ def prune_log(
 ) -> int:
     """Delete the log of sagas completed or compensated more than ``older_than`` ago; return how many rows.
 
-    Failed and live sagas keep their log; saga rows are never deleted. With ``dry_run``,
+    Failed, given-up and live sagas keep their log; saga rows are never deleted. With ``dry_run``,
     count instead.
     """
     params = {"older_than": older_than, "batch": batch_size}

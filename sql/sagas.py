@@ -24,8 +24,15 @@ from .migrate import Migration
 
 #: Statuses of a saga that is still waiting for a reply.
 LIVE = ("running", "compensating")
-#: Statuses a saga ends in.
+#: The status of a saga the watchdog stopped waiting for: its command (a step past the point
+#: of no return, or a compensation) got no reply after all its attempts. Not final: the
+#: participant may still act and answer, and that late answer moves the saga on; until then
+#: an operator checks the participant, then resumes or aborts it (never compensates by hand).
+GAVE_UP = "gave_up"
+#: Statuses a saga ends in: nothing moves it out of them but an operator.
 ENDED = ("completed", "compensated", "failed")
+#: Every status a saga can be in.
+STATUSES = (*LIVE, GAVE_UP, *ENDED)
 
 
 @attrs.frozen

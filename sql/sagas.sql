@@ -118,8 +118,8 @@ SELECT 1 + (SELECT count(*)
 FROM recorded AS r
 
 -- clear_error --
--- A late answer moves a saga the watchdog failed for want of replies: the error it failed
--- with no longer describes it (its `failed` entry in the log keeps it).
+-- A late answer moves a saga the watchdog gave up on for want of replies: the error it gave
+-- up with no longer describes it (its `gave_up` entry in the log keeps it).
 UPDATE {schema}.{table} SET last_error = NULL
 WHERE saga_id = %(saga_id)s AND version = %(version)s
 RETURNING saga_id
@@ -181,9 +181,10 @@ ORDER BY id DESC
 LIMIT 1
 
 -- count_ended --
+-- Ended, or given up by the watchdog: at rest until a late answer or an operator moves it.
 SELECT count(*)
 FROM {schema}.{table}
-WHERE saga_id = ANY(%(ids)s::uuid[]) AND status IN ('completed', 'compensated', 'failed')
+WHERE saga_id = ANY(%(ids)s::uuid[]) AND status IN ('completed', 'compensated', 'failed', 'gave_up')
 
 -- outcomes --
 SELECT status, last_error
@@ -204,8 +205,8 @@ FROM (
 
 -- prune_log --
 -- The transitions of sagas that completed or compensated longer than the retention ago,
--- a batch at a time, oldest log rows first (the primary key's order). Failed sagas keep
--- their log for the operator who will resume them; the saga rows themselves stay (an
+-- a batch at a time, oldest log rows first (the primary key's order). Failed and given-up
+-- sagas keep their log for the operator who will resume them; the saga rows themselves stay (an
 -- idempotent placement finds its saga by key).
 DELETE FROM {schema}.{log}
 WHERE id IN (SELECT l.id FROM {schema}.{log} AS l

@@ -117,7 +117,7 @@ def test_each_filter_lists_exactly_the_sagas_it_names(console, conn, query: str,
     ("query", "says"),
     [
         ("kind=nope", "kind: no saga kind 'nope' (this app has: order)"),
-        ("status=lost", "status: 'lost' is not one of running, compensating, completed, compensated, failed"),
+        ("status=lost", "status: 'lost' is not one of running, compensating, gave_up, completed, compensated, failed"),
         ("step=fly", "step: no step 'fly' in any saga kind"),
         ("kind=order&step=fly", "step: no step 'fly' in the order saga"),
         ("since=yesterday", "since: 'yesterday' is not a time"),
@@ -139,7 +139,7 @@ def test_every_saga_count_on_the_overview_links_to_the_list_it_counts(console, c
     overview = console.get("/console").text
     links = re.findall(r'<a href="(/console/sagas\?kind=order&amp;status=(\w+))">(\d+)</a>', overview)
     assert sorted(status for _, status, _ in links) == sorted(
-        ["running", "compensating", "completed", "compensated", "failed"]
+        ["running", "compensating", "gave_up", "completed", "compensated", "failed"]
     )
     for href, status, count in links:
         ids = every_page(console, href.replace("&amp;", "&"))

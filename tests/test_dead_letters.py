@@ -137,7 +137,7 @@ def test_a_saga_command_whose_saga_moved_on_is_marked_obsolete_not_replayed(
 def test_the_command_a_failed_saga_gave_up_on_is_replayed_and_its_answer_completes_the_saga(
     runtime: Runtime, conn, database_url
 ) -> None:
-    # The watchdog failed the saga for want of an answer to its confirm (past the point of no
+    # The watchdog gave the saga up for want of an answer to its confirm (past the point of no
     # return); the confirm itself was parked by its step. The saga takes a late answer to that
     # very command, so the replay is not obsolete: it completes the saga.
     seed(runtime, {"c1": 10_000}, {"s1": 5})
@@ -150,7 +150,7 @@ def test_the_command_a_failed_saga_gave_up_on_is_replayed_and_its_answer_complet
         overdue(clock, attempt)
         while courier.pending(CONFIRM):
             courier.take(CONFIRM)  # lost
-    assert saga(conn, placed.saga_id).status == "failed"
+    assert saga(conn, placed.saga_id).status == "gave_up"
     message = to_message(held).copy(options={"retries": runtime.settings.max_retries})
     with lock_held_elsewhere(database_url, str(placed.order_id)):
         assert deliver(STEPS[CONFIRM], runtime, message) == "dead_lettered"  # its last attempt met the lock

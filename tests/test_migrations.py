@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
@@ -135,14 +136,15 @@ def test_check_exits_1_while_pending_and_four_migrators_at_once_apply_each_file_
 
 def test_a_saga_table_made_before_the_list_indexes_gets_them_from_its_second_migration() -> None:
     order = SAGAS["order"]
-    first, second, third = order.migrations()
+    first, second, third, *later = order.migrations()
     assert (first.name, second.name) == ("saga_order/0001_tables.sql", "saga_order/0002_list_indexes.sql")
     assert third.name == "saga_order/0003_ended_index.sql"
+    since = [second.name, third.name, *(m.name for m in later)]
     with scratch_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         # A database migrated by the release before: the saga table, its first migration only.
         migrate.apply(conn, "orders", [first])
-        assert migrate.pending(conn, "orders", order.migrations()) == [second.name, third.name]
-        assert migrate.apply(conn, "orders", order.migrations()) == [second.name, third.name]
+        assert migrate.pending(conn, "orders", order.migrations()) == since
+        assert migrate.apply(conn, "orders", order.migrations()) == since
         indexes = {
             str(name): str(definition)
             for name, definition in conn.execute(
@@ -156,3 +158,41 @@ def test_a_saga_table_made_before_the_list_indexes_gets_them_from_its_second_mig
     assert indexes["saga_order_ended"].endswith(
         "(completed_at) WHERE (status = ANY (ARRAY['completed'::text, 'compensated'::text]))"
     )
+
+
+def test_a_saga_table_made_before_gave_up_takes_the_status_and_its_sagas_failed_for_want_of_replies() -> None:
+    # A database of the release before: sagas the watchdog failed for want of replies are
+    # `failed`, and the status CHECK refuses `gave_up`. The migration gives those sagas the
+    # new status (so that a late answer still moves them on), and only those.
+    order = SAGAS["order"]
+    before = [m for m in order.migrations() if m.name <= "saga_order/0003_ended_index.sql"]
+    assert [m.name for m in order.migrations()][len(before)] == "saga_order/0004_gave_up.sql"
+    undo = ["charge_payment"]
+    rows = {
+        "confirm": ("failed", "confirm_order", None, "confirm_order: no reply after 3 attempt(s)"),
+        "refund": ("failed", "charge_payment", undo, "compensation charge_payment: no reply after 3 attempt(s)"),
+        "refused": ("failed", "charge_payment", undo, "compensation charge_payment refused: gone"),
+        "broken": ("failed", "confirm_order", None, "watchdog: SagaStuck: no step 'x'"),
+        "done": ("completed", "notify_customer", None, None),
+    }  # fmt: skip
+    ids = {name: uuid.uuid4() for name in rows}
+    insert = (
+        "INSERT INTO orders.saga_order (saga_id, order_id, status, current_step, payload, compensations,"
+        " step_timeout, last_error, version) VALUES (%s, %s, %s, %s, '{}', %s, '30 s', %s, 4)"
+    )
+    with scratch_database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        migrate.apply(conn, "orders", before)
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(insert, (uuid.uuid4(), uuid.uuid4(), "gave_up", "confirm_order", None, None))
+        for name, (status, step, plan, error) in rows.items():
+            conn.execute(insert, (ids[name], uuid.uuid4(), status, step, plan, error))
+        assert migrate.apply(conn, "orders", order.migrations()) == ["saga_order/0004_gave_up.sql"]
+        found = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT saga_id, status, version FROM orders.saga_order")}
+        conn.execute(insert, (uuid.uuid4(), uuid.uuid4(), "gave_up", "confirm_order", None, None))
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(insert, (uuid.uuid4(), uuid.uuid4(), "lost", "confirm_order", None, None))
+    statuses = {name: found[ids[name]] for name in rows}
+    assert statuses == {
+        "confirm": ("gave_up", 4), "refund": ("gave_up", 4), "refused": ("failed", 4), "broken": ("failed", 4),
+        "done": ("completed", 4),
+    }  # fmt: skip

@@ -347,11 +347,11 @@ def test_a_late_answer_to_a_compensation_given_up_for_want_of_replies_finishes_t
     _give_up_on_charge(conn, courier, clock, placed.saga_id)
     late = courier.take(REFUND)  # held up by the partition
     for attempt in range(1, 4):
-        assert overdue(clock, attempt) == ({"resent": 1} if attempt < 3 else {"failed": 1})
+        assert overdue(clock, attempt) == ({"resent": 1} if attempt < 3 else {"gave_up": 1})
         while courier.pending(REFUND):
             courier.take(REFUND)  # lost
     failed = saga(conn, placed.saga_id)
-    assert (failed.status, failed.last_error) == ("failed", "compensation charge_payment: no reply after 3 attempt(s)")
+    assert (failed.status, failed.last_error) == ("gave_up", "compensation charge_payment: no reply after 3 attempt(s)")
     assert courier.deliver(late) == "ok"  # the partition heals: the refund is done after all
     assert courier.deliver(courier.take(REPLY)) == "ok"
     courier.run()
@@ -373,14 +373,14 @@ def test_a_late_answer_to_a_step_past_the_point_of_no_return_given_up_completes_
     courier.run(hold=frozenset({CONFIRM}))
     late = courier.take(CONFIRM)
     _spend_attempts(courier, clock, CONFIRM)
-    assert saga(conn, placed.saga_id).status == "failed"
+    assert saga(conn, placed.saga_id).status == "gave_up"
     assert courier.deliver(late) == "ok"
     assert courier.deliver(courier.take(REPLY)) == "ok"
     courier.run()
     done = saga(conn, placed.saga_id)
     # A completed saga does not read "no reply after 3 attempt(s)": the timeline keeps it.
     assert (done.status, done.last_error) == ("completed", None)
-    assert ("failed", "failed", "confirm_order") in events(conn, placed.saga_id)
+    assert ("gave_up", "gave_up", "confirm_order") in events(conn, placed.saga_id)
     assert order_status(conn, placed.order_id) == "confirmed"
 
 
@@ -440,7 +440,7 @@ def test_an_unanswered_step_past_the_point_of_no_return_fails_the_saga_until_res
     courier.run(hold=frozenset({CONFIRM}))
     _spend_attempts(courier, clock, CONFIRM)
     row = saga(conn, placed.saga_id)
-    assert (row.status, row.last_error) == ("failed", "confirm_order: no reply after 3 attempt(s)")
+    assert (row.status, row.last_error) == ("gave_up", "confirm_order: no reply after 3 attempt(s)")
     assert (balance(conn), available(conn)) == (7_000, 3)  # nothing compensated
     with runtime.database("orders").transaction() as tx:
         assert ORDER_SAGA.resume(tx, placed.saga_id) == "retrying"

@@ -102,12 +102,12 @@ def test_a_compensation_that_keeps_failing_fails_the_saga_until_an_operator_resu
         payments.close_account(conn, "c1")
     later_relay.set()
     # Dramatiq retries the refund with backoff, then the step parks it; the watchdog sees
-    # the dead letter once the deadline passes and fails the saga with the reason.
+    # the dead letter once the deadline passes and gives the saga up with the reason.
     watchdog = Watchdog(runtime, [ORDER_SAGA])
     wait_until(
-        lambda: bool(watchdog.check_once()) and saga(conn, placed.saga_id).status == "failed",
+        lambda: bool(watchdog.check_once()) and saga(conn, placed.saga_id).status == "gave_up",
         timeout=30,
-        what="the saga to fail",
+        what="the saga given up",
     )
     row = saga(conn, placed.saga_id)
     assert row.current_step == "charge_payment"
@@ -129,4 +129,4 @@ def test_a_compensation_that_keeps_failing_fails_the_saga_until_an_operator_resu
     assert scalar(conn, "SELECT balance_cents FROM payments.accounts") == 10_000
     assert scalar(conn, "SELECT status FROM orders.orders") == "cancelled"
     timeline = [e.event for e in sagas.timeline(conn, ORDER_SAGA.table, placed.saga_id)]
-    assert timeline[-5:] == ["failed", "resumed", "undone", "undone", "compensated"]
+    assert timeline[-5:] == ["gave_up", "resumed", "undone", "undone", "compensated"]

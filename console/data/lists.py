@@ -26,7 +26,7 @@ PAGE = 50
 _LONGEST = 200
 #: Dead letters of every status read to build a group's history.
 HISTORY = 1000
-STATUSES = ("running", "compensating", "completed", "compensated", "failed")
+STATUSES = sagas.STATUSES
 
 
 class BadFilter(ValueError):

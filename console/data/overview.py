@@ -15,7 +15,7 @@ from estafeta import App, Runtime, Saga
 from estafeta.operations.dead_letters import Group, groups
 from sql import outbox_admin, saga_reports
 from sql.outbox_admin import OutboxStats
-from sql.sagas import LogEntry, SagaRow
+from sql.sagas import GAVE_UP, LogEntry, SagaRow
 
 #: Rows shown per list (the CLI pages further: ``estafeta outbox failed --limit``...).
 LIMIT = 50
@@ -50,7 +50,7 @@ class Overview:
     sagas: list[SagaKind]
     #: Live sagas past their deadline (nobody answered; the watchdog or an operator must act).
     stuck: list[SagaLine]
-    #: Sagas an operator must look at (``last_error`` says why).
+    #: Sagas an operator must look at (``last_error`` says why): failed, then given up (not final).
     failed: list[SagaLine]
 
 
@@ -71,8 +71,8 @@ class SagaPage:
 
     @property
     def can_resume(self) -> bool:
-        """Whether ``Saga.resume`` would accept it (live, or failed)."""
-        return self.row.live or self.row.status == "failed"
+        """Whether ``Saga.resume`` would accept it (live, failed, or given up)."""
+        return self.row.live or self.row.status in ("failed", GAVE_UP)
 
 
 def read_overview(app: App, runtime: Runtime) -> Overview:
@@ -92,7 +92,8 @@ def read_overview(app: App, runtime: Runtime) -> Overview:
             ]
             failed += [
                 SagaLine(saga.name, r)
-                for r in saga_reports.search(conn, saga.table, status="failed", stuck=False, limit=LIMIT)
+                for status in ("failed", GAVE_UP)
+                for r in saga_reports.search(conn, saga.table, status=status, stuck=False, limit=LIMIT)
             ]
     dead_letters = sorted(groups(runtime, app.service_names), key=lambda g: (-g.count, g.service))[:LIMIT]
     return Overview(outboxes, failed_rows, dead_letters, kinds, stuck, failed)
@@ -175,6 +176,7 @@ _TONES = {
     "not started": "muted",
     "discarded": "muted",
     "failed": "bad",
+    "gave_up": "warn",
     "parked": "bad",
 }
 

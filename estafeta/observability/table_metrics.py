@@ -29,8 +29,9 @@ from sql.sagas import SagaTable
 
 logger = logging.getLogger(__name__)
 
-#: Every status a saga can be in (each is reported, zero included).
-STATUSES = (*sagas.LIVE, *sagas.ENDED)
+#: Every status a saga can be in (each is reported, zero included): ``gave_up`` apart from
+#: ``failed``, since a late answer may still move a saga the watchdog gave up on.
+STATUSES = sagas.STATUSES
 
 
 @attrs.frozen

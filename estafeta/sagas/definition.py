@@ -36,7 +36,9 @@ class SagaTransition:
     #: The saga's data (an instance of its data class); ``None`` if its payload no longer decodes.
     data: Any
     #: What happened, as the saga's log names it: ``started``, ``advanced``, ``completed``,
-    #: ``compensating``, ``undone``, ``compensated``, ``failed``, ``resent`` or ``resumed``.
+    #: ``compensating``, ``undone``, ``compensated``, ``failed``, ``gave_up`` (the watchdog's
+    #: attempts ran out on a step past the point of no return or a compensation), ``resent``
+    #: or ``resumed``.
     event: str
     #: The status and step before the transition (``None`` for ``started``): the step whose
     #: answer (or absence of answer) moved the saga.

@@ -3,7 +3,8 @@
 At a deadline the current command is sent again, under a new message id and with a longer
 wait, until its step's attempts are spent; then the step is treated as failed (and
 compensated itself, since it may have taken effect), or, for a compensation or a step past
-the point of no return, the saga fails for an operator. An operator's resume starts the
+the point of no return, the saga is ``gave_up``: it waits for an operator, and a late
+answer (the participant acted) still moves it on. An operator's resume starts the
 current step over under a new version; an abort compensates a running saga. Apart from the
 replies because these act on a saga row the caller has locked, with no answer to check.
 """
@@ -20,7 +21,7 @@ from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import SagaError, SagaNotFound
 from sql import saga_writes
 from sql import sagas as store
-from sql.sagas import SagaRow
+from sql.sagas import GAVE_UP, SagaRow
 
 
 def on_deadline(saga: SagaDefinition, conn: psycopg.Connection[Any], row: SagaRow, parked: str | None) -> str:
@@ -41,15 +42,18 @@ def on_deadline(saga: SagaDefinition, conn: psycopg.Connection[Any], row: SagaRo
     why = f"no reply after {row.attempts} attempt(s)"
     if parked:
         why += f"; the last was parked: {parked}"
-    if row.status == "running":
+    if row.status == "running" and not current.retriable:
         moves.step_failed(saga, conn, row, f"{row.current_step}: {why}", include_current=True)
-        return "compensating" if not current.retriable else "failed"
-    moves.give_up(saga, conn, row, f"compensation {row.current_step}: {why}")
-    return "failed"
+        return "compensating"
+    # Nothing to compensate instead (past the point of no return, or the compensation
+    # itself): the saga stops waiting, for an operator, but not as a final failure.
+    where = row.current_step if row.status == "running" else f"compensation {row.current_step}"
+    moves.stop_waiting(saga, conn, row, f"{where}: {why}")
+    return GAVE_UP
 
 
 def resume(saga: SagaDefinition, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> str:
-    """Send a live saga's current command again now, or retry the step a failed saga stopped at.
+    """Send a live saga's current command again now, or retry the step a failed or given-up saga stopped at.
 
     Either way the step starts over under a new version, with a full set of attempts:
     answers to earlier sends become stale.
@@ -59,7 +63,7 @@ def resume(saga: SagaDefinition, conn: psycopg.Connection[Any], saga_id: uuid.UU
         detail = f"{row.current_step} sent again on request"
         moves.move(saga, conn, row, row.status, row.current_step, "resumed", detail)
         return "resent"
-    if row.status != "failed":
+    if row.status not in ("failed", GAVE_UP):
         raise SagaError(f"saga {saga_id} is {row.status}: nothing to resume")
     status = "compensating" if row.compensations is not None else "running"
     moves.move(saga, conn, row, status, row.current_step, "resumed", f"retrying {row.current_step} on request")
@@ -69,7 +73,7 @@ def resume(saga: SagaDefinition, conn: psycopg.Connection[Any], saga_id: uuid.UU
 def abort(saga: SagaDefinition, conn: psycopg.Connection[Any], saga_id: uuid.UUID, reason: str) -> None:
     """Compensate a running saga (or one that failed before compensating), current step included."""
     row = _locked(saga, conn, saga_id)
-    if row.status not in ("running", "failed") or row.compensations is not None:
+    if row.status not in ("running", "failed", GAVE_UP) or row.compensations is not None:
         raise SagaError(f"saga {saga_id} is {row.status}: nothing to abort")
     if saga._step(row.current_step).retriable:
         raise SagaError(

@@ -23,7 +23,7 @@ from estafeta.sagas.saga_metrics import COMPENSATIONS, REPLIES, TRANSITIONS
 from estafeta.steps.context import Reply, StepContext
 from sql import saga_writes
 from sql import sagas as store
-from sql.sagas import SagaRow
+from sql.sagas import GAVE_UP, SagaRow
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,16 @@ def give_up(
     """Fail the saga at its current step with ``reason``, for an operator."""
     logger.warning("saga %s %s failed: %s", saga.name, row.saga_id, reason)
     move(saga, conn, row, "failed", row.current_step, "failed", reason, error=reason, reply=reply)
+
+
+def stop_waiting(saga: SagaDefinition, conn: psycopg.Connection[Any], row: SagaRow, reason: str) -> None:
+    """Give the saga up at its current step with ``reason``: its command got no reply after all its attempts.
+
+    Not a final failure: the saga is ``gave_up`` (no deadline, for an operator), and a late
+    answer to that very command still moves it on (:func:`estafeta.sagas.replies.answers_given_up`).
+    """
+    logger.warning("saga %s %s given up: %s (a late answer may still move it on)", saga.name, row.saga_id, reason)
+    move(saga, conn, row, GAVE_UP, row.current_step, GAVE_UP, reason, error=reason)
 
 
 def move(

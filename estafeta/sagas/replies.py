@@ -1,7 +1,7 @@
 """A participant's reply reaching the saga's orchestrator step: which saga it answers, and whether it still counts.
 
 A reply moves its saga only if it answers the command the saga waits for now (same step,
-same version, same direction), or the very command the saga was failed on for want of an
+same version, same direction), or the very command the watchdog gave the saga up on for want of an
 answer (a late answer: the participant acted); a duplicate, stale or late-but-superseded
 reply changes nothing. Apart from the moves because this is the one door a broker's
 message comes in by: the moves themselves also serve a deadline, an operator and a local step.
@@ -22,7 +22,7 @@ from estafeta.sagas.saga_metrics import REPLIES
 from estafeta.steps.context import Reply, StepContext
 from sql import plan, saga_writes
 from sql import sagas as store
-from sql.sagas import SagaRow
+from sql.sagas import GAVE_UP, SagaRow
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def on_reply(saga: SagaDefinition, ctx: StepContext, reply: Reply) -> None:
 def awaits(row: SagaRow, context: Mapping[str, Any]) -> bool:
     """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context.
 
-    A saga failed for want of an answer to that very command still takes it (a late
+    A saga given up for want of an answer to that very command still takes it (a late
     answer), so a replay of the command is not obsolete.
     """
     return answers_current(row, context) or answers_given_up(row, context)
@@ -105,17 +105,13 @@ def answers_current(row: SagaRow, context: Mapping[str, Any]) -> bool:
 
 
 def answers_given_up(row: SagaRow, context: Mapping[str, Any]) -> bool:
-    """Whether ``context`` is the command the saga failed on for want of a reply, nothing happening since.
+    """Whether ``context`` is the command the watchdog gave the saga up on, nothing happening since.
 
-    The watchdog fails a saga whose compensation (or whose step past the point of no
-    return) got no answer after all its attempts, one version after the one it sent
-    under; an answer to that very command is then late, not stale: the participant acted.
+    The watchdog gives a saga up (``gave_up``) when its compensation, or its step past the
+    point of no return, got no answer after all its attempts, one version after the one it
+    sent under; an answer to that very command is then late, not stale: the participant
+    acted. A ``failed`` saga takes no late answer: nothing it waits for is out.
     """
-    step = context.get("step")
-    if row.status != "failed" or step != row.current_step or context.get("version") != row.version - 1:
+    if row.status != GAVE_UP or context.get("step") != row.current_step or context.get("version") != row.version - 1:
         return False
-    direction = ACTION if row.compensations is None else COMPENSATION
-    if context.get("direction") != direction:
-        return False
-    gave_up = f"{step}: no reply after " if direction == ACTION else f"compensation {step}: no reply after "
-    return (row.last_error or "").startswith(gave_up)
+    return context.get("direction") == (ACTION if row.compensations is None else COMPENSATION)

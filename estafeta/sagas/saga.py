@@ -25,7 +25,9 @@ Guarantees:
   transition and calls no hook, and a hook that raises rolls the transition back.
 
 Steps marked ``retriable`` come after the point of no return (the seeds' pivot): they are
-never compensated, and failing them fails the saga for an operator instead.
+never compensated, and failing them fails the saga for an operator instead (a step or a
+compensation that got no reply after all its attempts leaves the saga ``gave_up``: it may
+still have been done, and its late answer moves the saga on).
 
 Message ids are derived from the saga id, version, step, direction and attempt: the same
 send always has the same id (the participant's inbox absorbs relay re-publishes and broker
@@ -215,8 +217,8 @@ class Saga(SagaDefinition):
     def awaits(self, row: SagaRow, context: Mapping[str, Any]) -> bool:
         """Whether the saga waits, now, for the answer to the command sent with this ``reply_to`` context.
 
-        A saga failed for want of an answer to that very command still takes it (a late
-        answer), so a replay of the command is not obsolete.
+        A saga given up (``gave_up``) for want of an answer to that very command still takes
+        it (a late answer), so a replay of the command is not obsolete.
         """
         return replies.awaits(row, context)
 
@@ -251,7 +253,7 @@ class Saga(SagaDefinition):
         return row.attempts >= self._step(row.current_step).max_attempts
 
     def resume(self, conn: psycopg.Connection[Any], saga_id: uuid.UUID) -> str:
-        """Send a live saga's current command again now, or retry the step a failed saga stopped at.
+        """Send a live saga's current command again now, or retry the step a failed or given-up saga stopped at.
 
         Either way the step starts over under a new version, with a full set of attempts:
         answers to earlier sends become stale.

@@ -4,7 +4,9 @@ Deadlines live in the saga rows (not in Dramatiq delays, which RabbitMQ's consum
 timeout and a Redis restart can break), so any process can act on them: the watchdog
 sends the command a saga waits for again (a new attempt, answered again by a participant
 that is idempotent by business key), and once the step's attempts are spent it fails the
-step — compensating — or fails the saga for an operator.
+step — compensating — or, for a compensation or a step past the point of no return, gives
+the saga up (``gave_up``) for an operator: not a final failure, since the participant may
+still answer, and that late answer moves the saga on.
 
 It runs inside every ``dramatiq`` worker process of an app with sagas (:class:`WatchdogMiddleware`),
 so restarting the workers after a crash is enough for every in-flight saga to finish;
@@ -78,7 +80,7 @@ class Watchdog:
         self.max_errors = max_errors
 
     def check_once(self) -> Counter[str]:
-        """Handle every saga overdue now; return how many were ``resent``, ``compensating``, ``failed``.
+        """Handle every saga overdue now; return how many were ``resent``, ``compensating``, ``gave_up``.
 
         A saga that raises is counted as ``failed`` (recorded failed on its row) or
         ``error`` (``last_error`` recorded, looked at again later), one whose participant's
