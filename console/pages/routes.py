@@ -37,11 +37,13 @@ from fastapi.responses import HTMLResponse
 from estafeta import App, Problem, Runtime
 from estafeta.app.settings import CONSOLE_PASSWORD_MIN_LENGTH
 
+from .. import charts as console_charts
 from ..data import lists as console_lists
 from ..server import sign_in
 from . import schedules as console_schedules
 from .actions import Actions
 from .chart_pages import ChartPages
+from .errors import ErrorPages
 from .kit import PageKit
 from .letter_pages import LetterPages
 from .overview_pages import OverviewPages
@@ -56,7 +58,8 @@ class Console:
     Its pages are grouped by what they show: the front page and its sections
     (:mod:`~console.pages.overview_pages`), sagas (:mod:`~console.pages.saga_pages`), dead
     letters (:mod:`~console.pages.letter_pages`), charts (:mod:`~console.pages.chart_pages`),
-    schedules, and the actions (:mod:`~console.pages.actions`).
+    schedules, and the actions (:mod:`~console.pages.actions`); errors are pages too
+    (:mod:`~console.pages.errors`).
     """
 
     def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False, password: str | None = None) -> None:
@@ -71,6 +74,8 @@ class Console:
         #: Wrong passwords per client: slowed, then locked out.
         self.sign_ins = sign_in.SignIns()
         self.kit = PageKit(app, runtime, allow_actions=allow_actions)
+        #: The console's errors as HTML pages (the HTTP server's exception handlers use them).
+        self.errors = ErrorPages(self.kit, refresh_seconds=console_charts.REFRESH_SECONDS)
         self.sagas = SagaPages(self.kit)
         #: The routes, for ``FastAPI.include_router``.
         self.router = APIRouter(prefix="/console", dependencies=[Depends(self._operator)] if password else [])
