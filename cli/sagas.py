@@ -93,11 +93,13 @@ def show_command(saga_id: uuid.UUID, kind: str | None, as_json: bool) -> None:
         )
     if row.last_error:
         click.echo(f"last error: {row.last_error}")
-    for e in timeline:
-        # A compensation named by the command it sent, as the console names it.
+    # Each transition's step is the one it concerns (and where it moved the saga), and a
+    # compensation is named by the command it sent, as the console shows them.
+    steps = saga_labels.transition_steps(saga, timeline)
+    for e, step in zip(timeline, steps, strict=True):
         label = saga_labels.timeline_detail(saga, row, e)
         detail = f"  {label}" if label else ""
-        click.echo(f"  {e.at:%H:%M:%S.%f} v{e.version:<3} {e.event:<13} {e.status:<12} {e.step}{detail}")
+        click.echo(f"  {e.at:%H:%M:%S.%f} v{e.version:<3} {e.event:<13} {e.status:<12} {step:<20}{detail}")
 
 
 @sagas_group.command("resume")

@@ -11,12 +11,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter
 from fastapi.responses import Response
 
 from estafeta import SagaError, SagaNotFound
 from estafeta.operations.dead_letter_replay import ReplayOutcome, replay
+from estafeta.operations.dead_letters import groups
 from sql import outbox_admin
 
 from .kit import FORGED, Form, PageKit
@@ -59,15 +61,28 @@ class Actions:
         return self.kit.back("/console", f"{total} outbox row(s) back to pending")
 
     def replay_dead_letters(self, form: Form) -> Response:
-        """Replay one group of a service's parked dead letters, as ``estafeta dead-letters replay --group`` does."""
+        """Replay the group's parked letters once the operator confirmed their count (after its dry run).
+
+        As ``estafeta dead-letters replay --group`` does, for the letters parked now; if the
+        group no longer holds the count confirmed (letters came or went since the dry run),
+        nothing is replayed and the operator is sent back to look again.
+        """
         if self.kit.forged(form):
             return self.kit.refuse(FORGED, status=403)
         service, group = form.get("service", ""), form.get("group", "")
         if service not in self.app.service_names:
             return self.kit.refuse(f"no service {service!r}")
-        done = replay(self.runtime, self.app, [service], group=group)
-        if not done:
+        ids = [i for found in groups(self.runtime, [service]) if found.group == group for i in found.ids]
+        if not ids:
             return self.kit.refuse(f"no parked dead letters in group {group!r} of {service}", status=404)
+        if form.get("count", "").strip() != str(len(ids)):
+            preview = f"/console/dead-letters/{quote(service, safe='')}/{quote(group, safe='')}/replay"
+            return self.kit.back(
+                preview,
+                f"the group holds {len(ids)} parked letters now, not the {form.get('count')}"
+                " confirmed: nothing was replayed; look again",
+            )
+        done = replay(self.runtime, self.app, [service], ids=ids)
         counts: dict[str, int] = {}
         for outcome in done:
             counts[str(outcome.outcome)] = counts.get(str(outcome.outcome), 0) + 1

@@ -80,6 +80,7 @@ class PageKit:
         self.templates.filters["deadline"] = console_data.deadline
         self.templates.filters["when"] = console_data.when
         self.templates.filters["badge"] = console_data.badge
+        self.templates.filters["past_deadline"] = console_data.past_deadline
         self.templates.globals["clock_script"] = Markup(console_data.CLOCK_SCRIPT)
         self.templates.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import urllib.parse
 import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from sql import saga_lookup, saga_reports
+
 from .. import saga_diagram, saga_labels
+from ..data import finding
 from ..data import lists as console_lists
 from ..data import overview as console_data
 from .kit import PageKit
@@ -30,8 +32,22 @@ class SagaPages:
         router.add_api_route("/kinds/{name}", self.kind_page, methods=["GET"], response_class=HTMLResponse)
 
     def find_saga(self, saga_id: str = "") -> Response:
-        """The saga page of the id typed into the search box."""
-        return RedirectResponse(f"/console/sagas/{urllib.parse.quote(saga_id.strip(), safe='')}", status_code=303)
+        """What the search box found: the saga's page if one saga matches, a list to choose from if several.
+
+        The box takes a saga id, a business key (an order id) or the first characters of either
+        (:func:`console.data.finding.find_sagas`).
+        """
+        try:
+            found = finding.find_sagas(self.app, self.runtime, saga_id)
+        except finding.NotSearchable as exc:
+            return self.kit.refuse(str(exc))
+        if len(found) == 1:
+            return RedirectResponse(f"/console/sagas/{found[0].row.saga_id}", status_code=303)
+        if not found:
+            keys = sorted({saga.key for saga in self.app.sagas})
+            why = f"no saga has {saga_id.strip()!r} as its id, its {' or '.join(keys) or 'key'}, or their start"
+            return self.kit.refuse(why, status=404)
+        return self.kit.page("console_found.html", found=found, typed=saga_id.strip(), most=finding.MOST)
 
     def saga_page(self, saga_id: str, notice: str | None = None, sig: str | None = None) -> HTMLResponse:
         """One saga: its state, its timeline, and (with actions allowed) resume and abort."""
@@ -41,8 +57,11 @@ class SagaPages:
         where = saga_diagram.position(found.saga, found.row, found.timeline)
         diagram = saga_diagram.render(found.saga, where)
         details = [saga_labels.timeline_detail(found.saga, found.row, entry) for entry in found.timeline]
+        steps = saga_labels.transition_steps(found.saga, found.timeline)
         notice = self.kit.verified(notice, sig)
-        return self.kit.page("console_saga.html", saga=found, notice=notice, diagram=diagram, details=details)
+        return self.kit.page(
+            "console_saga.html", saga=found, notice=notice, diagram=diagram, details=details, steps=steps, where=where
+        )
 
     def saga_list(self, request: Request) -> HTMLResponse:
         """Sagas filtered by kind, status, step, start time and error text, newest first, a page at a time."""
@@ -61,7 +80,12 @@ class SagaPages:
         saga = next((saga for saga in self.app.sagas if saga.name == name), None)
         if saga is None:
             return self.kit.page("console_missing.html", reason=f"no saga kind {name}", status=404)
-        return self.kit.page("console_kind.html", saga=saga, diagram=saga_diagram.render(saga))
+        with self.runtime.database(saga.service).connection() as conn:
+            standing = saga_diagram.standing(saga, saga_lookup.standing_by_step(conn, saga.table))
+            ended = saga_reports.count_by_status(conn, saga.table)
+        standing.update({f"end:{status}": ended.get(status, 0) for status in ("completed", "compensated")})
+        diagram = saga_diagram.render(saga, counts=standing)
+        return self.kit.page("console_kind.html", saga=saga, diagram=diagram, standing=standing)
 
     def find(self, saga_id: str) -> console_data.SagaPage | None:
         """The saga of id ``saga_id`` (``None``: not an id, or no such saga)."""
