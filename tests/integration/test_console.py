@@ -151,7 +151,9 @@ def test_failed_rows_are_retried_and_a_saga_aborted_from_the_console(
         )
         browser.get(f"{server.url}/console")
         assert "OSError: disk full" in text(browser, "#dead-letters")
-        click(browser, "#dead-letters td button[name=replay]")
+        click(browser, "#dead-letters td a.replay")  # its dry run first, then the confirmation
+        wait_until(lambda: "would replay" in text(browser, "#would"), what="the replay's dry run")
+        click(browser, "button[name=confirm]")
         wait_until(lambda: "dead letters" in text(browser, "#notice"), what="the replay's notice")
         assert text(browser, "#notice") == "dead letters: 1 replayed"
         assert scalar(conn, "SELECT status FROM payments.dead_letters") == "replayed"
