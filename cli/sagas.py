@@ -99,10 +99,12 @@ def show_command(saga_id: uuid.UUID, kind: str | None, as_json: bool) -> None:
         click.echo(f"last error: {row.last_error}")
     if row.status == sagas.GAVE_UP:
         click.echo(GAVE_UP_HINT)
-    # A compensation named by the command it sent, as the console names it.
+    # Each transition's step is the one it concerns (and where it moved the saga), and a
+    # compensation is named by the command it sent, as the console shows them.
+    steps = saga_labels.transition_steps(saga, timeline)
     cells = [
-        (when(e.at, precise=True), e.version, e.event, e.status, e.step, saga_labels.timeline_detail(saga, row, e))
-        for e in timeline
+        (when(e.at, precise=True), e.version, e.event, e.status, step, saga_labels.timeline_detail(saga, row, e))
+        for e, step in zip(timeline, steps, strict=True)
     ]
     echo_table(("AT", "VERSION", "EVENT", "STATUS", "STEP", "DETAIL"), cells, empty="  no transitions", indent="  ")
 

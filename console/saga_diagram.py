@@ -13,8 +13,10 @@ the steps that run after compensation and the two ends, ``completed`` and
 chooses (``then``), to each of its declared ``branches`` (arcs over the row); a step that
 chooses without declaring its branches gets a dashed ``chooses at run time`` mark.
 Compensations run right to left along the path taken. For one saga, the steps it did,
-the undos it ran and the arrows between them are drawn as taken, and where it stands
-(waiting on a step, on an undo, failed, or at an end) is outlined.
+the undos it ran and the arrows between them are drawn as taken, where it stands
+(waiting on a step, on an undo, failed, or at an end) is outlined, and the step whose
+failure turned it to compensation is marked in red. For a kind, each node can carry how
+many sagas stand on it now.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from __future__ import annotations
 import html
 import itertools
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 from markupsafe import Markup
 
 from estafeta import Saga, SagaState, SagaStep
+from sql import saga_lookup
 from sql.sagas import LogEntry, SagaRow
 
 from . import saga_labels
@@ -71,6 +74,8 @@ class Position:
     current: str
     #: ``current`` is where it failed.
     failed: bool
+    #: The step whose failure (or abort) turned the saga to compensation (``do:<step>``), if it did.
+    failing: str | None = None
 
 
 @attrs.frozen
@@ -153,14 +158,15 @@ def position(saga: Saga, row: SagaRow, timeline: Sequence[LogEntry]) -> Position
             path.append(current)
         return Position(path, current, failed=row.status == "failed")
     failed_at = _failed_step(timeline)
-    if failed_at and f"do:{failed_at}" not in path and failed_at in step_ids:
-        path.append(f"do:{failed_at}")
+    failing = f"do:{failed_at}" if failed_at in step_ids else None
+    if failing and failing not in path:
+        path.append(failing)
     plan = [_undo_id(saga, name) for name in row.compensations]
     if row.status == "compensated":
-        return Position([*path, *plan, COMPENSATED], COMPENSATED, failed=False)
+        return Position([*path, *plan, COMPENSATED], COMPENSATED, failed=False, failing=failing)
     reached = plan[: plan.index(_undo_id(saga, row.current_step)) + 1] if row.current_step in row.compensations else []
     current = reached[-1] if reached else path[-1]
-    return Position([*path, *reached], current, failed=row.status == "failed")
+    return Position([*path, *reached], current, failed=row.status == "failed", failing=failing)
 
 
 def _done(saga: Saga, row: SagaRow) -> list[SagaStep]:
@@ -185,8 +191,21 @@ def _failed_step(timeline: Sequence[LogEntry]) -> str | None:
     return running
 
 
-def render(saga: Saga, where: Position | None = None) -> Markup:
-    """``saga``'s diagram as an inline ``<svg>`` element; with ``where``, that saga's path highlighted."""
+def standing(saga: Saga, rows: Sequence[saga_lookup.Standing]) -> dict[str, int]:
+    """How many sagas stand on each node now, from :func:`sql.saga_lookup.standing_by_step`'s counts."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        node = _undo_id(saga, row.step) if row.compensating else f"do:{row.step}"
+        counts[node] = counts.get(node, 0) + row.count
+    return counts
+
+
+def render(saga: Saga, where: Position | None = None, *, counts: Mapping[str, int] | None = None) -> Markup:
+    """``saga``'s diagram as an inline ``<svg>`` element.
+
+    With ``where``, that saga's path highlighted and the step that failed marked; with
+    ``counts``, how many sagas stand on each node (a count in its corner).
+    """
     diagram = layout(saga)
     edges = list(diagram.edges)
     if where is not None:
@@ -209,6 +228,7 @@ def render(saga: Saga, where: Position | None = None) -> Markup:
     ]
     parts += [_edge(e, by_id, (e.source, e.target) in taken_hops) for e in edges]
     parts += [_node(n, n.id in visited, where, list_of(saga.name, n.id)) for n in diagram.nodes]
+    parts += [_count(n, counts[n.id]) for n in diagram.nodes if counts and counts.get(n.id)]
     parts.append("</svg>")
     return Markup("\n".join(parts))
 
@@ -235,6 +255,8 @@ def _node(node: Node, visited: bool, where: Position | None, href: str) -> str:
         classes.append("taken")
     if where is not None and node.id == where.current:
         classes.append("failed" if where.failed else "current")
+    if where is not None and node.id == where.failing:
+        classes.append("failing")
     double = (
         f'<rect x="{node.x + 3}" y="{node.y + 3}" width="{WIDTH - 6}" height="{HEIGHT - 6}" rx="4" class="inner"/>'
         if node.kind == "retriable"
@@ -245,6 +267,16 @@ def _node(node: Node, visited: bool, where: Position | None, href: str) -> str:
         f'<rect x="{node.x}" y="{node.y}" width="{WIDTH}" height="{HEIGHT}" rx="6"/>{double}'
         f'<text x="{node.x + WIDTH / 2}" y="{node.y + 18}" class="label">{_e(_clip(node.label))}</text>'
         f'<text x="{node.x + WIDTH / 2}" y="{node.y + 34}" class="note">{_e(_clip(node.note, 28))}</text></g></a>'
+    )
+
+
+def _count(node: Node, count: int) -> str:
+    """A count in the node's top right corner: how many sagas stand there now."""
+    x, y = node.x + WIDTH - 4, node.y - 7
+    return (
+        f'<g class="count" data-node="{_e(node.id)}" data-count="{count}">'
+        f'<rect x="{x - 30}" y="{y}" width="34" height="15" rx="7"/>'
+        f'<text x="{x - 13}" y="{y + 11}">{count}</text></g>'
     )
 
 

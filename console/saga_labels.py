@@ -85,3 +85,28 @@ def timeline_detail(saga: Saga, row: SagaRow, entry: LogEntry) -> str | None:
     if step in saga.after_compensation:
         return f"{step.name} done after compensating" + (f" (sent {name})" if name else "")
     return f"{step.name} compensated" + (f" by {name}" if name else "")
+
+
+def transition_steps(saga: Saga, timeline: list[LogEntry]) -> list[str]:
+    """For each entry of ``timeline``, the step its transition concerns, and where it moved the saga when elsewhere.
+
+    The log records the step a saga stands on *after* each transition; the transition
+    concerns the step it stood on before (the previous entry's): ``charge_payment`` failing
+    reads ``charge_payment → undo place_order``, not ``place_order``. A step the saga stands
+    on while compensating is its undo (``undo place_order``), unless it runs after
+    compensation (``notify_cancellation``).
+    """
+    after = {step.name for step in saga.after_compensation}
+    labels: list[str] = []
+    before: str | None = None
+    for entry in timeline:
+        if entry.status == "compensating" and entry.step not in after:
+            now = f"undo {entry.step}"
+        elif before is not None and before.removeprefix("undo ") == entry.step:
+            now = before  # still on the same step (ended there, failed there, sent again)
+        else:
+            now = entry.step
+        concerned = now if before is None else before
+        labels.append(concerned if concerned == now else f"{concerned} → {now}")
+        before = now
+    return labels

@@ -24,8 +24,9 @@ from bench.console_pages import chromium, fill, prepare, serving  # noqa: E402
 SHOTS = [
     ("overview", "/console", 1000),
     ("sagas", "/console/sagas?kind=order", 760),
-    ("saga", "/console/sagas/{compensated}", 980),
-    ("kind", "/console/kinds/order", 560),
+    ("saga", "/console/sagas/{compensated}", 1060),
+    ("kind", "/console/kinds/order", 760),
+    ("dead-letters", "/console/dead-letters", 420),
     ("charts", "/console/charts?window=60", 900),
     ("projections", "/console/projections", 480),
     ("events", "/console/events?service=orders&stream={stream}", 760),

@@ -158,8 +158,12 @@ class Database:
         timeout: float = 10.0,
         connect_first: bool = False,
         session_settings: Mapping[str, str] | None = None,
+        check_before_use: bool = False,
     ) -> None:
-        """``session_settings``: server settings (``set_config``) of every connection, on top of estafeta's own."""
+        """``session_settings``: server settings (``set_config``) of every connection, on top of estafeta's own.
+
+        ``check_before_use``: see :attr:`check_before_use`.
+        """
         #: What every connection to this database uses: ``dsn`` with estafeta's timeouts
         #: for a silent network (:mod:`sql.liveness`) where it sets none of its own.
         self.dsn = with_liveness(dsn)
@@ -172,14 +176,26 @@ class Database:
             open=False,
             kwargs={"autocommit": True},
             configure=functools.partial(_configure, extra=dict(session_settings or {})),
+            check=self._check_before_lending,
             name=self.description,
         )
+        #: Whether the pool checks each connection (an empty query, one round trip) before it
+        #: lends it: a connection the server closed while it sat idle (a restart, a failover,
+        #: ``pg_terminate_backend``) is replaced there, and no caller gets it. Worth its round
+        #: trip where a lost connection is an error someone sees (a web request); may be
+        #: switched on after the pool is made.
+        self.check_before_use = check_before_use
         self._opened = False
         self._checking = threading.Lock()
         #: Whether the first use opens one connection in the caller's thread before the pool
         #: starts: a server that refuses (or a wrong host, database or password) is reported at
         #: once with its reason, instead of after the pool's timeout of background retries.
         self._connect_first = connect_first
+
+    def _check_before_lending(self, conn: psycopg.Connection[Any]) -> None:
+        # Raising makes the pool discard the connection and lend another (a new one if need be).
+        if self.check_before_use:
+            ConnectionPool.check_connection(conn)
 
     def _open(self) -> None:
         if not self._opened:

@@ -95,6 +95,8 @@ class ListFilter:
     error: str | None = None
     #: The keyset cursor: only sagas that come after ``(started_at, saga_id)`` newest first.
     after: tuple[datetime, uuid.UUID] | None = None
+    #: ``True``: only live sagas past their deadline (as ``estafeta sagas list --stuck``).
+    stuck: bool | None = None
 
 
 #: The columns of a saga row, as ``SagaRow`` names them.
@@ -112,13 +114,19 @@ _CONDITIONS = {
     "until": "started_at < %(until)s",
     "error": "strpos(lower(last_error), lower(%(error)s)) > 0",
     "after": "(started_at, saga_id) < (%(after_at)s, %(after_id)s)",
+    "stuck": "status IN ('running', 'compensating') AND deadline_at <= {schema}.clock_now()",
 }
 
 
 def list_query(table: SagaTable, where: ListFilter) -> sql.Composed:
     """The statement of one page of ``where``'s sagas, newest first (its parameters: ``list_params``)."""
-    given = [name for name in _CONDITIONS if getattr(where, name) is not None]
-    conditions = sql.SQL(" AND ").join(sql.SQL(_CONDITIONS[name]) for name in given) if given else sql.SQL("true")
+    given = [name for name in _CONDITIONS if getattr(where, name) not in (None, False)]
+    schema = sql.Identifier(table.schema)
+    conditions = (
+        sql.SQL(" AND ").join(sql.SQL(_CONDITIONS[name]).format(schema=schema) for name in given)
+        if given
+        else sql.SQL("true")
+    )
     return sql.SQL(
         "SELECT {row} FROM {schema}.{table} WHERE {conditions} ORDER BY started_at DESC, saga_id DESC LIMIT %(limit)s"
     ).format(
@@ -133,6 +141,7 @@ def list_params(where: ListFilter, limit: int) -> dict[str, Any]:
     """The parameters of ``list_query(table, where)``."""
     params: dict[str, Any] = attrs.asdict(where, recurse=False)
     after = params.pop("after")
+    params.pop("stuck")
     if after is not None:
         params["after_at"], params["after_id"] = after
     return {**params, "limit": limit}

@@ -49,6 +49,7 @@ class SagaQuery:
             "since": self.where.since.isoformat() if self.where.since else None,
             "until": self.where.until.isoformat() if self.where.until else None,
             "error": self.where.error,
+            "stuck": "yes" if self.where.stuck else None,
             **changes,
         }
         query = urllib.parse.urlencode({name: value for name, value in fields.items() if value})
@@ -88,7 +89,12 @@ def parse_saga_query(app: App, params: Mapping[str, str]) -> SagaQuery:
     since, until = _time(params, "since"), _time(params, "until")
     if since and until and since >= until:
         raise BadFilter("since: must be before until")
-    where = saga_reports.ListFilter(status, step, since, until, _text(params, "error"), _cursor(params.get("after")))
+    stuck = params.get("stuck", "").strip().lower()
+    if stuck not in ("", "yes", "on", "true", "1"):
+        raise BadFilter(f"stuck: {stuck[:20]!r} is not yes (or leave it out)")
+    where = saga_reports.ListFilter(
+        status, step, since, until, _text(params, "error"), _cursor(params.get("after")), stuck=bool(stuck) or None
+    )
     return SagaQuery(kind, where)
 
 
@@ -163,35 +169,53 @@ def _kinds(app: App, query: SagaQuery) -> list[Saga]:
 
 @attrs.frozen
 class LetterGroup:
-    """A dead-letter group: its letters parked now, and those of the same cause resolved before."""
+    """A dead-letter group: a page of its letters parked now, and those of the same cause resolved before."""
 
     service: str
     group: str
+    #: One page of the parked letters, newest first.
     parked: list[DeadLetter]
+    #: Every parked letter of the group, counted.
+    parked_count: int
     #: Replayed or obsolete letters of this cause, newest first: what replays did before.
     history: list[DeadLetter]
+    #: The link to the next page of parked letters, if there is one.
+    next_page: str | None = None
+    #: Whether this is the first page.
+    first: bool = True
 
 
-def read_letter_group(app: App, runtime: Runtime, service: str, group: str) -> LetterGroup | None:
-    """The letters of ``group`` in ``service`` (``None`` when it has none at all).
+def read_letter_group(
+    app: App, runtime: Runtime, service: str, group: str, before: str | None = None, page: int = PAGE
+) -> LetterGroup | None:
+    """A page of the parked letters of ``group`` in ``service`` (``None`` when it has none at all).
 
-    Every parked letter of the group (as ``estafeta dead-letters groups`` counts them), and
-    its history among the newest ``HISTORY`` letters of the service.
+    The newest ``page`` parked letters with an id below ``before`` (as ``estafeta dead-letters
+    groups`` counts them: bodies are read for that page only), and the group's history among the
+    newest ``HISTORY`` letters of the service (its newest ``page`` shown).
     """
     if service not in app.service_names:
         raise BadFilter(f"service: no service {service!r}")
-    ids = [i for found in groups(runtime, [service]) if found.group == group for i in found.ids]
+    if before is not None and not before.isdigit():
+        raise BadFilter("before: not a letter id (follow the page's 'next page' link)")
+    ids = sorted((i for found in groups(runtime, [service]) if found.group == group for i in found.ids), reverse=True)
+    shown = [i for i in ids if before is None or i < int(before)][:page]
     with runtime.database(service).connection() as conn:
-        parked = dead_letters.get_many(conn, service, ids) if ids else []
+        parked = dead_letters.get_many(conn, service, shown) if shown else []
         recent = dead_letters.search(conn, service, status=None, limit=HISTORY)
     history = [row for row in recent if row.status != "parked" and cause_of(row.consumer, row.reason).group == group]
-    if not parked and not history:
+    if not ids and not history:
         return None
+    more = bool(shown) and shown[-1] > ids[-1]
+    base = f"/console/dead-letters/{urllib.parse.quote(service, safe='')}/{urllib.parse.quote(group, safe='')}"
     return LetterGroup(
         service,
         group,
         sorted((DeadLetter.of(service, row) for row in parked), key=lambda letter: letter.id, reverse=True),
-        [DeadLetter.of(service, row) for row in history],
+        len(ids),
+        [DeadLetter.of(service, row) for row in history[:page]],
+        next_page=f"{base}?before={shown[-1]}" if more else None,
+        first=before is None,
     )
 
 

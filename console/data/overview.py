@@ -109,6 +109,11 @@ def read_saga(app: App, runtime: Runtime, saga_id: uuid.UUID) -> SagaPage | None
     return None
 
 
+def past_deadline(row: SagaRow) -> bool:
+    """Whether ``row``'s saga still waits and its deadline has passed (the watchdog or an operator must act)."""
+    return row.live and row.deadline_at is not None and row.deadline_at <= datetime.now(UTC)
+
+
 def age(value: datetime | float | None) -> str:
     """How long ago ``value`` was (or a number of seconds), for people: ``4.2 s``, ``12 min``, ``3 h``."""
     if value is None:
@@ -178,6 +183,7 @@ _TONES = {
     "failed": "bad",
     "gave_up": "warn",
     "parked": "bad",
+    "past deadline": "bad",
 }
 
 

@@ -3,7 +3,12 @@
 Every error leaves as an ``application/problem+json`` document (RFC 9457), whichever
 layer raised it: an :class:`estafeta.Problem`, a validation error, an unknown route, a
 database that is down (503 with ``Retry-After``), or a bug (500, its traceback logged,
-never sent).
+never sent). Under ``/console`` the same errors are HTML pages with a link to try again
+(:mod:`console.pages.errors`): a person reads them, not a client.
+
+The server's pools check each connection before lending it
+(:meth:`estafeta.Runtime.check_connections_before_use`): after a database restart, the
+connections it dropped are replaced before a request uses them, not reported as a 503.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import estafeta
 from estafeta import PROBLEM_JSON, App, DatabaseUnavailable, Problem, Runtime, StatementFailed
 
+from ..pages.errors import ErrorPages, is_console_path
 from ..pages.routes import Console
 
 logger = logging.getLogger(__name__)
@@ -82,6 +88,8 @@ def create_app(
         description="Served by `estafeta serve`. Errors are application/problem+json documents (RFC 9457).",
         lifespan=_lifespan(runtime, pruners, options.prune_interval),
     )
+    # A request must not be the one that finds a connection dead after a restart.
+    runtime.check_connections_before_use()
     install_problem_handlers(web)
     web.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     web.include_router(health_router(app, runtime))
@@ -89,6 +97,7 @@ def create_app(
         web.include_router(router)
     console = Console(app, runtime, allow_actions=options.allow_actions, password=options.console_password)
     web.include_router(console.router, include_in_schema=False)
+    web.state.console_errors = console.errors
     if options.console_port is not None:
         web.add_middleware(ConsoleListener, port=options.console_port)
     web.openapi = lambda: _openapi(web)  # type: ignore[method-assign]
@@ -228,9 +237,17 @@ def install_problem_handlers(web: FastAPI) -> None:
     web.add_exception_handler(Exception, _on_bug)
 
 
+def _answer(request: Request, problem: Problem) -> Response:
+    """``problem`` as a problem document; as an HTML page for the console's pages (a person reads those)."""
+    pages: ErrorPages | None = getattr(request.app.state, "console_errors", None)
+    if pages is not None and is_console_path(request.url.path):
+        return pages.page(request, problem.status, problem.title, problem.detail, problem.headers)
+    return problem_response(problem, request.url.path)
+
+
 async def _on_problem(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Problem)
-    return problem_response(exc, request.url.path)
+    return _answer(request, exc)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
@@ -238,12 +255,12 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     title = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, "HTTP error")
     problem = Problem(detail, status=exc.status_code, title=title, headers=dict(exc.headers or {}))
-    return problem_response(problem, request.url.path)
+    return _answer(request, problem)
 
 
 async def _on_invalid(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    return problem_response(_validation_problem(exc.errors()), request.url.path)
+    return _answer(request, _validation_problem(exc.errors()))
 
 
 async def _on_unavailable(request: Request, exc: Exception) -> Response:
@@ -252,7 +269,7 @@ async def _on_unavailable(request: Request, exc: Exception) -> Response:
     problem = Problem(
         "the database is unavailable: retry later", status=503, title="Service Unavailable", headers=headers
     )
-    return problem_response(problem, request.url.path)
+    return _answer(request, problem)
 
 
 async def _on_refused(request: Request, exc: Exception) -> Response:
@@ -268,12 +285,12 @@ async def _on_refused(request: Request, exc: Exception) -> Response:
         title="Service Unavailable",
         headers=headers,
     )
-    return problem_response(problem, request.url.path)
+    return _answer(request, problem)
 
 
 async def _on_bug(request: Request, exc: Exception) -> Response:
     logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return problem_response(Problem("the server failed; nothing was stored"), request.url.path)
+    return _answer(request, Problem("the server failed; nothing was stored"))
 
 
 def _validation_problem(errors: Sequence[Any]) -> Problem:

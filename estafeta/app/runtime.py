@@ -65,6 +65,7 @@ class Runtime:
         #: starts (:class:`sql.pool.Database`): the CLI's commands report a refused or
         #: unreachable server at once rather than after the pool's 10 s of retries.
         self.connect_first = False
+        self._check_before_use = False
 
     def dsn_for(self, service: str) -> str:
         """The resolved DSN of ``service``'s database."""
@@ -91,9 +92,26 @@ class Runtime:
                 # ESTAFETA_WAKEUP=poll: no NOTIFY from any transaction on these connections.
                 quiet = {"estafeta.wakeup": "poll"} if self.settings.wakeup == "poll" else None
                 database = self._databases[dsn] = Database(
-                    dsn, max_size=self.settings.pool_size, connect_first=self.connect_first, session_settings=quiet
+                    dsn,
+                    max_size=self.settings.pool_size,
+                    connect_first=self.connect_first,
+                    session_settings=quiet,
+                    check_before_use=self._check_before_use,
                 )
             return database
+
+    def check_connections_before_use(self) -> None:
+        """From now on, every pool of this runtime (made already or later) checks a connection before lending it.
+
+        A connection the server dropped while it sat in the pool (a restart, a failover) is then
+        replaced before anyone uses it, for one round trip per borrow (see
+        :attr:`sql.pool.Database.check_before_use`): what ``estafeta serve`` does, where a dead
+        connection would be a request's error.
+        """
+        with self._mutex:
+            self._check_before_use = True
+            for database in self._databases.values():
+                database.check_before_use = True
 
     @property
     def wakes_after_commit(self) -> bool:
