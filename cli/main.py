@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from estafeta import EstafetaError, __version__
+from estafeta import DatabaseRefused, EstafetaError, __version__
 from estafeta.observability import logs as logs
 
 from .context import ORDER_SYSTEM, AppContext
@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"estafeta: {exc.format_message()}", err=True)
         code = exc.exit_code
+    except DatabaseRefused as exc:  # configuration, not an outage: the URL, the role or the database to fix
+        click.echo(f"estafeta: {exc}", err=True)
+        code = EXIT_USAGE
     except EstafetaError as exc:
         click.echo(f"estafeta: {exc}", err=True)
         code = EXIT_FAILURE

@@ -67,6 +67,7 @@ from estafeta.steps.spec import StepSpec
 from estafeta.steps.step_events import StepEvents
 from sql.errors import (
     DatabaseError,
+    DatabaseRefused,
     DatabaseUnavailable,
     EstafetaError,
     LockNotAcquired,
@@ -95,6 +96,7 @@ __all__ = [
     "Clock",
     "ConcurrencyConflict",
     "DatabaseError",
+    "DatabaseRefused",
     "DatabaseUnavailable",
     "EstafetaError",
     "EventDecodeError",

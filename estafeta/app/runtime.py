@@ -85,7 +85,11 @@ class Runtime:
                 # ESTAFETA_WAKEUP=poll: no NOTIFY from any transaction on these connections.
                 quiet = {"estafeta.wakeup": "poll"} if self.settings.wakeup == "poll" else None
                 database = self._databases[dsn] = Database(
-                    dsn, max_size=self.settings.pool_size, connect_first=self.connect_first, session_settings=quiet
+                    dsn,
+                    max_size=self.settings.pool_size,
+                    connect_first=self.connect_first,
+                    session_settings=quiet,
+                    setting=self.settings.variable_of(service),
                 )
             return database
 
