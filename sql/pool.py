@@ -17,6 +17,7 @@ import psycopg.errors
 from psycopg import conninfo, pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from . import dsn_shape
 from .errors import DatabaseRefused, DatabaseUnavailable, LockNotAcquired, StatementFailed
 from .liveness import server_settings, with_liveness
 from .refusals import refusal
@@ -65,14 +66,19 @@ def check_dsn(dsn: str) -> None:
     first host that answers, a read-only standby as readily as the primary, and every
     step's write there would fail.
     """
+    wrong = dsn_shape.shape_error(dsn)
+    if wrong:
+        raise ValueError(wrong)
     try:
         params = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(_scrub(str(exc).strip()) or "not a PostgreSQL connection string") from None
+        reason = dsn_shape.parse_error(_scrub(str(exc).strip()))
+        raise ValueError(reason or "not a PostgreSQL connection string") from None
     ports = str(params.get("port") or "5432").split(",")
     for port in ports:
-        if port.strip() and not port.strip().isdigit():  # an empty one is the default (5432)
-            raise ValueError(f"port {port.strip()!r} is not a number")
+        wrong = dsn_shape.port_error(port, dsn)
+        if wrong:
+            raise ValueError(wrong)
     hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
     if len(hosts) > 1:
         if len(ports) not in (1, len(hosts)):
