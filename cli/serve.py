@@ -12,6 +12,7 @@ import click
 from estafeta.app.clock import warn_if_moved
 
 from .context import AppContext, current
+from .migrated import require_migrated
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -94,7 +95,7 @@ def serve_command(
         raise click.BadParameter("means nothing without --console-port: give both", param_hint="--console-host")
     context = current()
     listener = _listener(context, allow_actions, port, console_port)
-    _check_migrated(context)
+    require_migrated(context)
     warn_if_moved(context.runtime, context.app.service_names, "serve")
     web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
     console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
@@ -182,16 +183,6 @@ def _missing() -> list[str]:
         except ImportError:
             missing.append(name)
     return missing
-
-
-def _check_migrated(context: AppContext) -> None:
-    pending = {
-        name: names for name, names in context.runtime.migrate(context.app.services, check=True).items() if names
-    }
-    if pending:
-        raise click.ClickException(
-            f"the schemas of {', '.join(pending)} are not migrated: run `estafeta migrate` first"
-        )
 
 
 COMMANDS = [serve_command]
