@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ import click
 
 from estafeta.app.clock import warn_if_moved
 
+from . import listen
 from .context import AppContext, current
 from .migrated import require_migrated
 
@@ -99,12 +101,15 @@ def serve_command(
     warn_if_moved(context.runtime, context.app.service_names, "serve")
     web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
     console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
+    sockets = [listen.bind(host, port)]
+    if console_port is not None:
+        sockets.append(
+            listen.bind(console_host, console_port, host_option="--console-host", port_option="--console-port")
+        )
     if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr=metrics_host)
+        _serve_metrics(metrics_host, metrics_port)
     click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
-    _run(web, (host, port), (console_host, console_port), access_log)
+    _run(web, sockets, access_log)
 
 
 #: How an option left at its default was set (not by the user).
@@ -126,16 +131,23 @@ def _listener(context: AppContext, allow_actions: bool, port: int, console_port:
     return WebListener(port=console_port, password=password)
 
 
-def _run(web: FastAPI, api: tuple[str, int], console: tuple[str, int | None], access_log: bool) -> None:
-    """Serve ``web`` on uvicorn until SIGTERM: on ``api``, and on ``console`` when it has a port."""
+def _run(web: FastAPI, sockets: list[socket.socket], access_log: bool) -> None:
+    """Serve ``web`` on uvicorn until SIGTERM, on ``sockets`` (bound already: the API's, then the console's).
+
+    One server, two listeners: the console's requests are told apart by the port they came in on.
+    """
     import uvicorn
 
-    config = uvicorn.Config(web, host=api[0], port=api[1], access_log=access_log, log_level="info", server_header=False)
-    sockets = None
-    if console[1] is not None:
-        # One server, two listeners: the console's requests are told apart by the port they came in on.
-        sockets = [config.bind_socket(), uvicorn.Config(web, host=console[0], port=console[1]).bind_socket()]
+    config = uvicorn.Config(web, access_log=access_log, log_level="info", server_header=False)
     uvicorn.Server(config).run(sockets=sockets)
+
+
+def _serve_metrics(host: str, port: int) -> None:
+    """Prometheus metrics on ``host``:``port``, its socket bound first (a busy port is a usage error)."""
+    from prometheus_client import start_http_server
+
+    listen.bind(host, port, host_option="--metrics-host", port_option="--metrics-port").close()
+    start_http_server(port, addr=host)
 
 
 @attrs.frozen
