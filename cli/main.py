@@ -49,6 +49,7 @@ def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> Non
     """
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logs.configure(level, log_format)
+    logs.quiet_pika(level)
     if not verbose:
         # The pool logs every failed reconnection; the command reports the outcome in one line.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 
@@ -67,8 +66,6 @@ def relay_command(
     names = context.services(services)
     if runtime.embedded:
         click.echo(embedded_notice("relay"), err=True)
-    # pika logs every timer at debug level; one line per batch is the relay's own job.
-    logging.getLogger("pika").setLevel(max(logging.getLogger().level, logging.WARNING))
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
     relays = [build_relay(runtime, context.broker, names, **options) for _ in range(1 if once else lanes)]
     warn_if_moved(runtime, names, "relay")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Sequence
@@ -137,6 +138,8 @@ class WorkerLogs(dramatiq.Middleware):
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
         logs.adopt_handlers(self.log_format)
+        # Dramatiq and estafeta report a lost or refused broker connection; pika's lines repeat it.
+        logs.quiet_pika(logging.getLogger().getEffectiveLevel())
 
 
 #: A middleware class.
