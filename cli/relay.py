@@ -69,6 +69,7 @@ def relay_command(
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
     relays = [build_relay(runtime, context.broker, names, **options) for _ in range(1 if once else lanes)]
     warn_if_moved(runtime, names, "relay")
+    click.echo(_starting(names, runtime.settings.redacted_broker_url, len(relays), once), err=True)
     if metrics_port is not None:
         from brokers import metrics
 
@@ -84,6 +85,12 @@ def relay_command(
     finally:
         for relay in relays:
             close_relay(relay)
+
+
+def _starting(outboxes: list[str], broker: str, lanes: int, once: bool) -> str:
+    """The line the relay says at start: its outboxes, its broker (password masked), its lanes."""
+    how = "once" if once else f"in {lanes} lane{'s' if lanes > 1 else ''}, until SIGTERM"
+    return f"estafeta: relay publishing the outboxes of {', '.join(outboxes)} to {broker}, {how}"
 
 
 def _check(broker_url: str) -> None:
