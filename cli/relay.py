@@ -9,7 +9,6 @@ import click
 
 from estafeta import build_relay
 from estafeta.app.clock import warn_if_moved
-from estafeta.app.middleware import embedded_notice
 from estafeta.messaging.relaying import close_relay, run_lanes
 
 from .context import current
@@ -61,11 +60,10 @@ def relay_command(
     as its own process, never inside a Dramatiq worker.
     """
     context = current()
+    context.notice_as = "relay"
     runtime = context.runtime
     _check(runtime.settings.broker_url)
     names = context.services(services)
-    if runtime.embedded:
-        click.echo(embedded_notice("relay"), err=True)
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
     relays = [build_relay(runtime, context.broker, names, **options) for _ in range(1 if once else lanes)]
     warn_if_moved(runtime, names, "relay")
