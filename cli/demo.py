@@ -32,6 +32,7 @@ from brokers.publish import Publisher, PublishOutcome
 from estafeta import build_relay
 from sql.outbox import OutboxRow
 
+from .broker_check import check_broker
 from .context import order_system
 from .seed import OrderPlan, plan_orders, seed_services
 
@@ -267,6 +268,7 @@ def demo_command(
     """
     context = order_system()
     runtime, broker = context.runtime, context.broker
+    check_broker(runtime, broker)
     if database_per_service:
         runtime, broker = _database_per_service(context.app, runtime)
     context.app.migrate(runtime)
