@@ -190,7 +190,9 @@ class Relay:
         for row in rows:
             if row.id in done:
                 latency.observe(row.age_seconds + confirmed_after)
-        logger.debug(
+        # A batch with rows is worth a line at -v; an empty poll only at -vv.
+        logger.log(
+            logging.INFO if result.claimed else logging.DEBUG,
             "relay %s: claimed %d, published %d, failed %d%s",
             service,
             result.claimed,

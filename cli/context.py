@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from estafeta import App, Binding, load_app
+from estafeta.app.middleware import embedded_notice
 
 if TYPE_CHECKING:
     import dramatiq
@@ -25,6 +26,9 @@ class AppContext:
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self._app: App | None = None
+        #: What the embedded database's notice calls this process (the command, unless it says).
+        self.notice_as: str | None = None
+        self._noticed = False
 
     @property
     def app(self) -> App:
@@ -50,6 +54,11 @@ class AppContext:
         """Settings, pools and locks of this process (each database's first use fails fast on a refusal)."""
         runtime = self.binding.runtime
         runtime.connect_first = True
+        if runtime.embedded and not self._noticed:
+            # Every command on the embedded database says so: its answers come from a private
+            # PostgreSQL in this directory, not from the database the user may have meant.
+            self._noticed = True
+            click.echo(embedded_notice(self.notice_as or f"command ({_command_path()})"), err=True)
         return runtime
 
     @property
@@ -76,6 +85,11 @@ class AppContext:
             return self.app.saga(kind)
         except KeyError as exc:
             raise click.BadParameter(str(exc.args[0]), param_hint="--saga") from None
+
+
+def _command_path() -> str:
+    found = click.get_current_context(silent=True)
+    return found.command_path if found is not None else "estafeta"
 
 
 def current() -> AppContext:

@@ -22,6 +22,7 @@ import click
 import dramatiq
 
 from . import demo_harness, demo_summary
+from .broker_check import check_broker
 from .context import order_system
 from .demo_guard import refuse_foreign_consumers
 from .seed import OrderPlan, plan_orders, seed_services
@@ -104,6 +105,7 @@ def demo_command(
     """
     context = order_system()
     runtime, broker = context.runtime, context.broker
+    check_broker(runtime, broker)
     if database_per_service:
         runtime, broker = _database_per_service(context.app, runtime)
     if not external:  # the demo's own workers start below: a consumer there now is another deployment's

@@ -7,10 +7,11 @@ import sys
 
 import click
 
-from estafeta import EstafetaError, __version__
+from estafeta import DatabaseRefused, EstafetaError, StatementFailed, __version__
 from estafeta.observability import logs as logs
 
 from .context import ORDER_SYSTEM, AppContext
+from .migrated import as_not_migrated
 
 #: Exit codes: bad input, and an operation that failed.
 EXIT_USAGE = 2
@@ -48,6 +49,7 @@ def cli(ctx: click.Context, verbose: int, app_spec: str, log_format: str) -> Non
     """
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logs.configure(level, log_format)
+    logs.quiet_pika(level)
     if not verbose:
         # The pool logs every failed reconnection; the command reports the outcome in one line.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
@@ -115,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"estafeta: {exc.format_message()}", err=True)
         code = exc.exit_code
+    except DatabaseRefused as exc:  # configuration, not an outage: the URL, the role or the database to fix
+        click.echo(f"estafeta: {exc}", err=True)
+        code = EXIT_USAGE
+    except StatementFailed as exc:  # a command that reads tables of a database not migrated says so
+        click.echo(f"estafeta: {as_not_migrated(exc) or exc}", err=True)
+        code = EXIT_FAILURE
     except EstafetaError as exc:
         click.echo(f"estafeta: {exc}", err=True)
         code = EXIT_FAILURE

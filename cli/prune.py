@@ -9,6 +9,7 @@ import click
 from estafeta.operations.retention import Retention, prune
 
 from .context import current
+from .migrated import require_migrated
 
 
 @click.command("prune")
@@ -31,6 +32,7 @@ def prune_command(dry_run: bool, services: tuple[str, ...], as_json: bool) -> No
     names = context.services(services)
     chosen = [s for s in context.app.services if s.name in names]
     sagas = [saga for saga in context.app.sagas if saga.service in names]
+    require_migrated(context, chosen)
     report = prune(runtime, chosen, sagas, retention=Retention.from_settings(runtime.settings), dry_run=dry_run)
     if as_json:
         click.echo(json.dumps(report.counts))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 
@@ -10,7 +9,6 @@ import click
 
 from estafeta import build_relay
 from estafeta.app.clock import warn_if_moved
-from estafeta.app.middleware import embedded_notice
 from estafeta.messaging.relaying import close_relay, run_lanes
 from estafeta.observability.heartbeats import relay_heartbeat
 
@@ -64,16 +62,14 @@ def relay_command(
     as its own process, never inside a Dramatiq worker.
     """
     context = current()
+    context.notice_as = "relay"
     runtime = context.runtime
     _check(runtime.settings.broker_url)
     names = context.services(services)
-    if runtime.embedded:
-        click.echo(embedded_notice("relay"), err=True)
-    # pika logs every timer at debug level; one line per batch is the relay's own job.
-    logging.getLogger("pika").setLevel(max(logging.getLogger().level, logging.WARNING))
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
     relays = [build_relay(runtime, context.broker, names, **options) for _ in range(1 if once else lanes)]
     warn_if_moved(runtime, names, "relay")
+    click.echo(_starting(names, runtime.settings.redacted_broker_url, len(relays), once), err=True)
     if metrics_port is not None:
         from brokers import metrics
 
@@ -91,6 +87,12 @@ def relay_command(
     finally:
         for relay in relays:
             close_relay(relay)
+
+
+def _starting(outboxes: list[str], broker: str, lanes: int, once: bool) -> str:
+    """The line the relay says at start: its outboxes, its broker (password masked), its lanes."""
+    how = "once" if once else f"in {lanes} lane{'s' if lanes > 1 else ''}, until SIGTERM"
+    return f"estafeta: relay publishing the outboxes of {', '.join(outboxes)} to {broker}, {how}"
 
 
 def _check(broker_url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,9 @@ import click
 from estafeta.app.clock import warn_if_moved
 from estafeta.observability.heartbeats import Kind, app_heartbeat
 
+from . import listen
 from .context import AppContext, current
+from .migrated import require_migrated
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -95,18 +98,21 @@ def serve_command(
         raise click.BadParameter("means nothing without --console-port: give both", param_hint="--console-host")
     context = current()
     listener = _listener(context, allow_actions, port, console_port)
-    _check_migrated(context)
+    require_migrated(context)
     warn_if_moved(context.runtime, context.app.service_names, "serve")
     web = build(context, allow_actions, timedelta(seconds=idempotency_ttl), client_header, prune_interval, listener)
     console = f"http://{console_host}:{console_port}/console" if console_port else "/console"
+    sockets = [listen.bind(host, port)]
+    if console_port is not None:
+        sockets.append(
+            listen.bind(console_host, console_port, host_option="--console-host", port_option="--console-port")
+        )
     if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr=metrics_host)
+        _serve_metrics(metrics_host, metrics_port)
     click.echo(f"estafeta: serving {context.app.name} on http://{host}:{port} (console: {console})", err=True)
     serving: dict[str, list[str]] = {name: [] for name in context.app.service_names}
     with app_heartbeat(Kind.SERVE, serving, context.runtime):
-        _run(web, (host, port), (console_host, console_port), access_log)
+        _run(web, sockets, access_log)
 
 
 #: How an option left at its default was set (not by the user).
@@ -128,16 +134,23 @@ def _listener(context: AppContext, allow_actions: bool, port: int, console_port:
     return WebListener(port=console_port, password=password)
 
 
-def _run(web: FastAPI, api: tuple[str, int], console: tuple[str, int | None], access_log: bool) -> None:
-    """Serve ``web`` on uvicorn until SIGTERM: on ``api``, and on ``console`` when it has a port."""
+def _run(web: FastAPI, sockets: list[socket.socket], access_log: bool) -> None:
+    """Serve ``web`` on uvicorn until SIGTERM, on ``sockets`` (bound already: the API's, then the console's).
+
+    One server, two listeners: the console's requests are told apart by the port they came in on.
+    """
     import uvicorn
 
-    config = uvicorn.Config(web, host=api[0], port=api[1], access_log=access_log, log_level="info", server_header=False)
-    sockets = None
-    if console[1] is not None:
-        # One server, two listeners: the console's requests are told apart by the port they came in on.
-        sockets = [config.bind_socket(), uvicorn.Config(web, host=console[0], port=console[1]).bind_socket()]
+    config = uvicorn.Config(web, access_log=access_log, log_level="info", server_header=False)
     uvicorn.Server(config).run(sockets=sockets)
+
+
+def _serve_metrics(host: str, port: int) -> None:
+    """Prometheus metrics on ``host``:``port``, its socket bound first (a busy port is a usage error)."""
+    from prometheus_client import start_http_server
+
+    listen.bind(host, port, host_option="--metrics-host", port_option="--metrics-port").close()
+    start_http_server(port, addr=host)
 
 
 @attrs.frozen
@@ -185,16 +198,6 @@ def _missing() -> list[str]:
         except ImportError:
             missing.append(name)
     return missing
-
-
-def _check_migrated(context: AppContext) -> None:
-    pending = {
-        name: names for name, names in context.runtime.migrate(context.app.services, check=True).items() if names
-    }
-    if pending:
-        raise click.ClickException(
-            f"the schemas of {', '.join(pending)} are not migrated: run `estafeta migrate` first"
-        )
 
 
 COMMANDS = [serve_command]

@@ -70,6 +70,7 @@ from estafeta.steps.spec import StepSpec
 from estafeta.steps.step_events import StepEvents
 from sql.errors import (
     DatabaseError,
+    DatabaseRefused,
     DatabaseUnavailable,
     EstafetaError,
     LockNotAcquired,
@@ -98,6 +99,7 @@ __all__ = [
     "Clock",
     "ConcurrencyConflict",
     "DatabaseError",
+    "DatabaseRefused",
     "DatabaseUnavailable",
     "EstafetaError",
     "EventDecodeError",

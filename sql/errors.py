@@ -28,6 +28,16 @@ class DatabaseUnavailable(DatabaseError):
     """
 
 
+class DatabaseRefused(DatabaseUnavailable):
+    """The server answered and refused the connection: its settings, not an outage, are wrong.
+
+    The database does not exist, the role does not exist or may not log in, the password is
+    wrong, or the server's access rules turn the client away. The message names the setting
+    (when known), the server and the database, and what to do. A long-running process treats
+    it as an outage (someone may create the database); a command stops on it with exit code 2.
+    """
+
+
 class StatementFailed(DatabaseError):
     """PostgreSQL refused this operation; the database itself is up.
 

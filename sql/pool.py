@@ -17,8 +17,10 @@ import psycopg.errors
 from psycopg import conninfo, pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
+from . import dsn_shape
+from .errors import DatabaseRefused, DatabaseUnavailable, LockNotAcquired, StatementFailed
 from .liveness import server_settings, with_liveness
+from .refusals import refusal
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +66,19 @@ def check_dsn(dsn: str) -> None:
     first host that answers, a read-only standby as readily as the primary, and every
     step's write there would fail.
     """
+    wrong = dsn_shape.shape_error(dsn)
+    if wrong:
+        raise ValueError(wrong)
     try:
         params = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(_scrub(str(exc).strip()) or "not a PostgreSQL connection string") from None
+        reason = dsn_shape.parse_error(_scrub(str(exc).strip()))
+        raise ValueError(reason or "not a PostgreSQL connection string") from None
     ports = str(params.get("port") or "5432").split(",")
     for port in ports:
-        if port.strip() and not port.strip().isdigit():  # an empty one is the default (5432)
-            raise ValueError(f"port {port.strip()!r} is not a number")
+        wrong = dsn_shape.port_error(port, dsn)
+        if wrong:
+            raise ValueError(wrong)
     hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
     if len(hosts) > 1:
         if len(ports) not in (1, len(hosts)):
@@ -109,11 +116,14 @@ def is_outage(exc: psycopg.Error) -> bool:
 
 
 @contextlib.contextmanager
-def translate_errors(where: str) -> Iterator[None]:
+def translate_errors(where: str, *, dsn: str | None = None, setting: str | None = None) -> Iterator[None]:
     """Turn psycopg and pool errors into estafeta's, naming ``where`` (a DSN description).
 
     An outage becomes :class:`DatabaseUnavailable`; anything else the database refused
-    becomes :class:`StatementFailed`: the one place where the two are told apart.
+    becomes :class:`StatementFailed`: the one place where the two are told apart. Around a
+    connection attempt to ``dsn``, a server that refuses it (no such database or role, a
+    wrong password) becomes :class:`DatabaseRefused`, naming ``setting`` (the variable that
+    holds ``dsn``) when given.
     """
     try:
         yield
@@ -122,6 +132,9 @@ def translate_errors(where: str) -> Iterator[None]:
     except PoolTimeout as exc:
         raise DatabaseUnavailable(f"no connection to {where} within the pool timeout") from exc
     except psycopg.Error as exc:
+        refused = refusal(exc, dsn) if dsn is not None else None
+        if refused is not None:
+            raise DatabaseRefused(f"{setting or where}: {refused}") from exc
         if is_outage(exc):
             raise DatabaseUnavailable(f"lost or could not open a connection to {where}: {_first_line(exc)}") from exc
         raise StatementFailed(f"{where}: {_first_line(exc)}", sqlstate=exc.sqlstate) from exc
@@ -159,10 +172,12 @@ class Database:
         connect_first: bool = False,
         session_settings: Mapping[str, str] | None = None,
         check_before_use: bool = False,
+        setting: str | None = None,
     ) -> None:
         """``session_settings``: server settings (``set_config``) of every connection, on top of estafeta's own.
 
-        ``check_before_use``: see :attr:`check_before_use`.
+        ``check_before_use``: see :attr:`check_before_use`. ``setting``: the variable ``dsn`` came
+        from, named when the server refuses it.
         """
         #: What every connection to this database uses: ``dsn`` with estafeta's timeouts
         #: for a silent network (:mod:`sql.liveness`) where it sets none of its own.
@@ -191,6 +206,7 @@ class Database:
         #: starts: a server that refuses (or a wrong host, database or password) is reported at
         #: once with its reason, instead of after the pool's timeout of background retries.
         self._connect_first = connect_first
+        self._setting = setting
 
     def _check_before_lending(self, conn: psycopg.Connection[Any]) -> None:
         # Raising makes the pool discard the connection and lend another (a new one if need be).
@@ -202,11 +218,16 @@ class Database:
             if self._connect_first:
                 # Once: a later use waits for the pool as any other (an outage is retried there).
                 self._connect_first = False
-                with translate_errors(self.description):
-                    psycopg.connect(self.dsn, autocommit=True).close()
+                self.check_connect()
             with translate_errors(self.description):
                 self.pool.open(wait=False)
             self._opened = True
+
+    def check_connect(self) -> None:
+        """Open and close one connection outside the pool: raise :class:`DatabaseRefused` (naming the
+        variable the DSN came from) if the server refuses it, :class:`DatabaseUnavailable` if it is out."""
+        with translate_errors(self.description, dsn=self.dsn, setting=self._setting):
+            psycopg.connect(self.dsn, autocommit=True).close()
 
     @contextlib.contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
@@ -255,7 +276,7 @@ class Database:
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     """One connection outside any pool (for LISTEN, migrations and tests), with :mod:`sql.liveness`'s timeouts."""
-    with translate_errors(describe_dsn(dsn)):
+    with translate_errors(describe_dsn(dsn), dsn=dsn):
         return psycopg.connect(with_liveness(dsn), autocommit=autocommit)
 
 

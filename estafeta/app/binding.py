@@ -22,6 +22,7 @@ from estafeta.app.errors import SettingsError
 from estafeta.app.middleware import (
     EmbeddedDatabaseNotice,
     MovedClockWarning,
+    RefuseRefusedDatabase,
     RefuseStubBroker,
     WorkerLogs,
     find_middleware,
@@ -99,6 +100,7 @@ def bind_app(
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
     _warn_of_moved_clocks(broker, runtime, app)
+    _refuse_refused_databases(broker, runtime, app)
     dramatiq.set_broker(broker)
     tracing.use_messaging_system(messaging_system(broker))
     actors = declare_actors(broker, runtime, app.steps.values())
@@ -118,6 +120,15 @@ def _warn_of_moved_clocks(broker: dramatiq.Broker, runtime: Runtime, app: Bindab
     existing = find_middleware(broker, MovedClockWarning)
     if existing is None:
         broker.add_middleware(MovedClockWarning(runtime, app.service_names))
+        return
+    existing.services.extend(s for s in app.service_names if s not in existing.services)
+
+
+def _refuse_refused_databases(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
+    # Every `dramatiq` worker process checks at boot that the servers accept its databases.
+    existing = find_middleware(broker, RefuseRefusedDatabase)
+    if existing is None:
+        broker.add_middleware(RefuseRefusedDatabase(runtime, app.service_names))
         return
     existing.services.extend(s for s in app.service_names if s not in existing.services)
 

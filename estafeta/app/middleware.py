@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ import dramatiq
 from estafeta.app.clock import warn_if_moved
 from estafeta.observability import logs as logs
 from sql.embedded import DEFAULT_DATA_DIR
+from sql.errors import DatabaseRefused, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from estafeta.app.runtime import Runtime
@@ -46,6 +48,51 @@ class RefuseStubBroker(dramatiq.Middleware):
         # SystemExit passes through Dramatiq's middleware dispatch (it only catches
         # Exception): the worker process exits 2 and the dramatiq command with it.
         raise SystemExit(2)
+
+
+class RefuseRefusedDatabase(dramatiq.Middleware):
+    """Stops a ``dramatiq`` worker process at boot when a server refuses one of its databases.
+
+    A database that does not exist, or a role or password the server refuses, is a setting
+    to fix, not an outage to wait out: the worker prints one line naming the variable, the
+    server, the database and what to do, and exits 2 before it reports ready. A server
+    that is down (or silent for longer than ``wait`` seconds) holds nothing back: the
+    worker starts and its pools retry, as after any outage.
+    """
+
+    def __init__(self, runtime: Runtime, services: Sequence[str], wait: float = 30.0) -> None:
+        self.runtime = runtime
+        self.services = list(services)
+        self.wait = wait
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        refused: list[str] = []
+        checker = threading.Thread(target=self._check, args=(refused,), name="estafeta-database-check", daemon=True)
+        checker.start()
+        checker.join(self.wait)
+        if refused:
+            print(f"estafeta: {refused[0]}", file=sys.stderr, flush=True)
+            raise SystemExit(2)  # passes through Dramatiq's middleware dispatch, as RefuseStubBroker's
+
+    def _check(self, refused: list[str]) -> None:
+        checked = set()
+        for service in self.services:
+            if self.runtime.settings.database_url_for(service) == "embedded":
+                continue  # started by this process: nothing to refuse it
+            database = self.runtime.database(service)
+            if database.dsn in checked:
+                continue
+            checked.add(database.dsn)
+            try:
+                database.check_connect()
+            except DatabaseRefused as exc:
+                refused.append(str(exc))
+                return
+            except DatabaseUnavailable:
+                return  # an outage: the pools wait for the server
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.services!r})"
 
 
 class EmbeddedDatabaseNotice(dramatiq.Middleware):
@@ -91,6 +138,8 @@ class WorkerLogs(dramatiq.Middleware):
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
         logs.adopt_handlers(self.log_format)
+        # Dramatiq and estafeta report a lost or refused broker connection; pika's lines repeat it.
+        logs.quiet_pika(logging.getLogger().getEffectiveLevel())
 
 
 #: A middleware class.

@@ -97,6 +97,7 @@ class Runtime:
                     connect_first=self.connect_first,
                     session_settings=quiet,
                     check_before_use=self._check_before_use,
+                    setting=self.settings.variable_of(service),
                 )
             return database
 

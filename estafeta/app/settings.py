@@ -192,6 +192,12 @@ class Settings:
         """The DSN of ``service``'s database."""
         return self.service_database_urls.get(service, self.database_url)
 
+    def variable_of(self, service: str) -> str:
+        """The variable that sets ``service``'s database: its own, or ``ESTAFETA_DATABASE_URL``."""
+        if service in self.service_database_urls:
+            return f"ESTAFETA_{service.upper()}_DATABASE_URL"
+        return "ESTAFETA_DATABASE_URL"
+
     @property
     def broker_options(self) -> dict[str, Any]:
         """What ``brokers.broker_from_url`` needs beside the URL: the RabbitMQ queue type and delivery limit."""

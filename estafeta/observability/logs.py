@@ -131,6 +131,31 @@ def configure(level: int, log_format: str = "text") -> None:
     logging.basicConfig(level=level, handlers=[handler])
 
 
+#: pika's loggers that report one failed connection (refused, lost, or its login refused) in five
+#: to seven lines at ERROR; estafeta's relay, workers and commands report each failure in one
+#: line of their own, so these speak only of what is worse (nothing pika logs today).
+PIKA_CONNECTION_LOGGERS = (
+    "pika.adapters.utils.io_services_utils",
+    "pika.adapters.utils.connection_workflow",
+    "pika.adapters.base_connection",
+    "pika.adapters.blocking_connection",
+    "pika.connection",
+)
+
+
+def quiet_pika(level: int = logging.WARNING) -> None:
+    """Leave connection failures to estafeta's one line each: pika's connection loggers at CRITICAL.
+
+    At ``logging.DEBUG`` (``-vv``) pika is left to say everything. Its other loggers log no
+    lower than WARNING (their timers log at DEBUG).
+    """
+    if level <= logging.DEBUG:
+        return
+    logging.getLogger("pika").setLevel(max(level, logging.WARNING))
+    for name in PIKA_CONNECTION_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def adopt_handlers(log_format: str, handlers: Iterable[logging.Handler] | None = None) -> None:
     """Give ``handlers`` (the root logger's) the context filter and ``log_format``.
 
