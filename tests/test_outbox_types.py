@@ -80,7 +80,7 @@ def test_stats_by_type_counts_pending_and_failed_per_type_and_shows_untyped_rows
     result = run(env, "outbox", "stats", "--by-type", "--service", "orders")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["service", "type", "pending", "failed", "oldest"]
+    assert lines[0].split() == ["SERVICE", "TYPE", "PENDING", "FAILED", "OLDEST"]
     charge = next(line.split() for line in lines if _type_name(ChargePayment) in line)
     assert charge[:4] == ["orders", _type_name(ChargePayment), "2", "1"]
     unknown = next(line.split() for line in lines if "(unknown)" in line)
