@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Links under the installed names of the folders (estafeta_sql -> sql, ...): mypy and the docs'
+# API reference read the packages through them (neither follows an editable install's finder).
+NAMES  := .import-names/.made
 
 .PHONY: demo test test-heavy chaos chaos-short unit integration lint typecheck bench clean docs docs-serve system-deps
 
@@ -10,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev,embedded,http,eventsourcing,docs]'
 	touch $(STAMP)
+
+$(NAMES):
+	mkdir -p .import-names
+	for folder in actors brokers cli console sql; do ln -sfn ../$$folder .import-names/estafeta_$$folder; done
+	touch $@
 
 ## The main job: the order system end to end on an embedded PostgreSQL and the StubBroker.
 demo: $(STAMP)
@@ -53,10 +61,10 @@ system-deps:
 
 ## The documentation site in site/ (MkDocs, warnings are errors); docs-serve serves it on :8000.
 ## NO_MKDOCS_2_WARNING: Material prints a banner about its maintenance (until 2027) on every build.
-docs: $(STAMP)
+docs: $(STAMP) $(NAMES)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean
 
-docs-serve: $(STAMP)
+docs-serve: $(STAMP) $(NAMES)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 unit: $(STAMP)
@@ -72,7 +80,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_import_cycles.py --type-checking
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) $(NAMES)
 	$(BIN)/mypy
 
 ## Benchmarks: each prints its figures beside the baselines measured in the same run.
@@ -90,4 +98,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.ha
 
 clean:
-	rm -rf $(VENV) .estafeta build site *.egg-info
+	rm -rf $(VENV) .estafeta .import-names build site *.egg-info

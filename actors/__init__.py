@@ -1,6 +1,6 @@
-"""The order system, built on estafeta: ``dramatiq actors`` serves it.
+"""The order system, built on estafeta: ``dramatiq estafeta_actors`` serves it.
 
-Importing this package binds the app (:mod:`actors.app`) to the broker named by
+Importing this package binds the app (:mod:`estafeta_actors.app`) to the broker named by
 ``ESTAFETA_BROKER_URL`` and makes it Dramatiq's global broker, which is what the
 ``dramatiq`` command needs from the module it imports; a bad setting stops the process
 with one line and exit code 2. Tests bind the same app to a fresh StubBroker with

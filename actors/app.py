@@ -13,5 +13,5 @@ app = App(
     services=[orders.SERVICE, payments.SERVICE, inventory.SERVICE, notifications.SERVICE, pingpong.SERVICE],
 )
 
-#: The order saga (declared in :mod:`actors.order_saga`, orchestrated by the orders service).
+#: The order saga (declared in :mod:`estafeta_actors.order_saga`, orchestrated by the orders service).
 ORDER_SAGA = order_saga.ORDER_SAGA

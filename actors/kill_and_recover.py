@@ -2,10 +2,10 @@
 
 The order system's "done means" run::
 
-    python -m actors.kill_and_recover --database-url postgresql://app@db/shop \\
+    python -m estafeta_actors.kill_and_recover --database-url postgresql://app@db/shop \\
         --broker-url amqp://guest:guest@127.0.0.1:5672/%2F --orders 1000 --processes 2
 
-It seeds accounts and stock (``estafeta seed``), starts ``dramatiq actors --processes P``
+It seeds accounts and stock (``estafeta seed``), starts ``dramatiq estafeta_actors --processes P``
 and ``estafeta relay``, places the orders (``estafeta orders place --count N``), SIGKILLs
 the workers and the relay once a quarter of the sagas have ended and restarts them,
 SIGKILLs the workers again once half have ended, while sagas are compensating, and restarts them, then waits
@@ -141,7 +141,7 @@ class KillAndRecover:
 
     def start(self, *, relay: bool = True) -> None:
         """Start the workers (and the relay)."""
-        argv = [str(self.bin / "dramatiq"), "actors", "--processes", str(self.plan.processes)]
+        argv = [str(self.bin / "dramatiq"), "estafeta_actors", "--processes", str(self.plan.processes)]
         self.workers = Child("workers", [*argv, "--threads", str(self.plan.threads)], self.env, self.log_dir)
         if relay:
             self.relay = Child("relay", [str(self.bin / "estafeta"), "relay"], self.env, self.log_dir)

@@ -1,7 +1,7 @@
 """The order's history as events: what the order saga learns, appended to ``order-<order_id>`` in the orders store.
 
 The orders service orchestrates the order saga, so every fact about an order reaches its
-database: the order placed (by :func:`actors.order_saga.place_order`), and each
+database: the order placed (by :func:`estafeta_actors.order_saga.place_order`), and each
 participant's answer — the payment charged or refused, the stock reserved or refused,
 the order confirmed or cancelled, the customer notified, the compensations done — as a
 reply that comes through the participant's outbox and the orchestrator's inbox-protected
@@ -209,7 +209,7 @@ def record_transition(conn: psycopg.Connection[Any], transition: SagaTransition)
     """The order saga's ``on_transition`` hook: append the transition's events to the order's stream.
 
     It runs in the transaction of the transition (the orchestrator's step for a reply,
-    :func:`~actors.order_saga.place_order` for the start, the watchdog or an operator's
+    :func:`~estafeta_actors.order_saga.place_order` for the start, the watchdog or an operator's
     command otherwise), so the events commit with the saga's move or not at all.
     """
     found = events_for(transition)

@@ -1,6 +1,6 @@
 """The order's history as a read model: seed 003's ``OrderSummary``, and the order as it was at any time.
 
-One fold (:func:`apply`) turns an order's events (:mod:`actors.order_events`) into an
+One fold (:func:`apply`) turns an order's events (:mod:`estafeta_actors.order_events`) into an
 :class:`OrderView`: its status, amounts, the time of each milestone, why it was cancelled,
 and the whole timeline. The :class:`OrderSummary` projection keeps that view per order
 in ``orders.order_summary`` (gap-safe, like every estafeta projection: it may lag the

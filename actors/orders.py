@@ -1,7 +1,7 @@
 """The Orders service: customers' orders, confirmed or cancelled by the order saga.
 
 The saga itself (its orchestrator step and its state table) also lives here: see
-:mod:`actors.order_saga`.
+:mod:`estafeta_actors.order_saga`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from estafeta import BusinessFailure, Idempotency, Service, StepContext
 from .migrations import MIGRATIONS
 
 SERVICE = Service("orders", migrations=MIGRATIONS / "orders")
-#: ``POST /orders`` (:mod:`actors.http`) keeps its Idempotency-Key records in
+#: ``POST /orders`` (:mod:`estafeta_actors.http`) keeps its Idempotency-Key records in
 #: ``orders.idempotency_keys``, in the transaction that places the order and starts its saga.
 #: Declared here, where ``estafeta migrate`` sees it without the http extra; the server
 #: declares its own with the TTL it was given (the same table).

@@ -1,6 +1,6 @@
 """The Payments service: customers' accounts (an event-sourced ledger), charged and refunded once per order.
 
-Each account is a stream of events in the payments schema (:mod:`actors.ledger`); its
+Each account is a stream of events in the payments schema (:mod:`estafeta_actors.ledger`); its
 balance is their replay. The steps load the account through ``ctx.events``, record the
 charge or the refund, and save it in the step's transaction, with ``payments.accounts`` (the
 ledger's projection, read by the CLI, the demo and operators) written in that same
@@ -189,7 +189,7 @@ def open_accounts(conn: psycopg.Connection[Any], balances: dict[str, int]) -> in
 def deposit(conn: psycopg.Connection[Any], customer_id: str, amount_cents: int) -> int:
     """Put money into an open account (``MoneyDeposited``), in the caller's transaction; the new balance.
 
-    Raises :class:`~actors.ledger.LedgerRefusal` without an open account or for an amount
+    Raises :class:`~estafeta_actors.ledger.LedgerRefusal` without an open account or for an amount
     that is not positive, and ``ConcurrencyConflict`` if the account changed meanwhile.
     """
     accounts = Repository(STORE, Account)

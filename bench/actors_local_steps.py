@@ -10,8 +10,8 @@ saga instead of eight. The demo's saga keeps sending them (its tests follow each
 
 from __future__ import annotations
 
-import actors
-from actors.order_saga import ORDER_SAGA
+import estafeta_actors as actors
+from estafeta_actors.order_saga import ORDER_SAGA
 
 ORDER_SAGA.local_steps = True
 

@@ -8,8 +8,8 @@ estafeta can leave out of DBOS's workload without leaving out a guarantee.
 
 from __future__ import annotations
 
-from actors.order_saga import ORDER_SAGA
 from bench import actors_without_history
+from estafeta_actors.order_saga import ORDER_SAGA
 
 ORDER_SAGA.local_steps = True
 

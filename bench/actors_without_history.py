@@ -10,9 +10,9 @@ and the saga's own row and transition log.
 
 from __future__ import annotations
 
-import actors
-from actors.order_saga import ORDER_SAGA
+import estafeta_actors as actors
 from estafeta.events.projector_run import ProjectorsMiddleware
+from estafeta_actors.order_saga import ORDER_SAGA
 
 ORDER_SAGA.on_transition = None
 for middleware in actors.broker.middleware:

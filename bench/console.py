@@ -25,10 +25,10 @@ from typing import Any
 
 import psycopg
 
-from actors.app import app as order_system
-from actors.order_saga import ORDER_SAGA
 from estafeta import Runtime, Settings
-from sql import saga_reports
+from estafeta_actors.app import app as order_system
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_sql import saga_reports
 
 from .common import add_database_url, describe, machine, scratch_database
 

@@ -75,11 +75,11 @@ def prepare(dsn: str) -> None:
 
 def fill(dsn: str, sagas: int) -> dict[str, str]:
     """Sagas in every state (real ones first), a dead letter, a failed row, a scheduled message; their ids."""
-    from actors.app import app as order_system
-    from actors.order_events import STORE, stream_id
-    from actors.order_history import OrderSummary
-    from actors.payments import ChargePayment
     from estafeta import Projector
+    from estafeta_actors.app import app as order_system
+    from estafeta_actors.order_events import STORE, stream_id
+    from estafeta_actors.order_history import OrderSummary
+    from estafeta_actors.payments import ChargePayment
     from tests.shop import Courier, place, seed
 
     runtime = Runtime(Settings(database_url=dsn))
@@ -132,7 +132,7 @@ def serving(dsn: str) -> Iterator[str]:
     with socket_port() as port:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
         env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL="stub://", PYTHONPATH=str(ROOT))
-        argv = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--no-access-log"]
+        argv = [sys.executable, "-m", "estafeta_cli", "serve", "--port", str(port), "--no-access-log"]
         server = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -227,9 +227,9 @@ def all_on_one_page(dsn: str, browser: Any, repeat: int, tmp: Path) -> dict[str,
     The same code as ``/console/sagas`` (``read_saga_list`` and its template), asked for a
     page as long as the table, written to a file and loaded in Chromium.
     """
-    from actors.app import app as order_system
-    from console.data import lists as console_lists
-    from console.pages.routes import Console
+    from estafeta_actors.app import app as order_system
+    from estafeta_console.data import lists as console_lists
+    from estafeta_console.pages.routes import Console
 
     runtime = Runtime(Settings(database_url=dsn))
     try:

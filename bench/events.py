@@ -29,7 +29,7 @@ from psycopg import sql
 from estafeta.events.aggregates import Aggregate, Repository, applies
 from estafeta.events.projections import Projection, ProjectionContext, Projector, handles
 from estafeta.events.store import EventStore, RecordedEvent
-from sql import event_store, migrate
+from estafeta_sql import event_store, migrate
 
 from . import events_baselines as baselines
 from .common import admin_dsn, machine, scratch_database

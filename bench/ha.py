@@ -37,9 +37,9 @@ from typing import Any
 
 import psycopg
 
-from actors.order_saga import place_order
-from cli.seed import plan_orders, seed_services
 from estafeta import DatabaseUnavailable, Runtime
+from estafeta_actors.order_saga import place_order
+from estafeta_cli.seed import plan_orders, seed_services
 from tests.pg_servers import private_postgres
 from tests.rabbit_servers import RabbitNode, private_rabbitmq_node, rabbitmq_cluster
 

@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from actors.app import app as order_system
 from estafeta import Runtime, Settings
+from estafeta_actors.app import app as order_system
 
 from .common import add_database_url, describe, machine, scratch_database
 from .cpu import process_cpu

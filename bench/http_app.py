@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from actors.app import app as order_system
-from actors.http import ApiOptions, OrderApi
-from console.server.web import WebOptions, create_app
 from estafeta import Runtime, Settings
+from estafeta_actors.app import app as order_system
+from estafeta_actors.http import ApiOptions, OrderApi
+from estafeta_console.server.web import WebOptions, create_app
 
 
 def create() -> FastAPI:

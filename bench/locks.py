@@ -36,8 +36,8 @@ import redis
 
 from estafeta import Redlock
 from estafeta.locks.step_locks import HeldLock, PostgresLocks, RedisLocks
-from sql import migrate
-from sql.pool import Database
+from estafeta_sql import migrate
+from estafeta_sql.pool import Database
 
 from .common import add_database_url, describe, machine, redis_namespace, scratch_database
 

@@ -48,9 +48,9 @@ def measure(mode: str, dsn: str, count: int) -> dict[str, Any]:
     _prepare_mode(mode)
     import dramatiq
 
-    from actors import pingpong
-    from actors.app import app
     from estafeta import Runtime, Settings, deliver
+    from estafeta_actors import pingpong
+    from estafeta_actors.app import app
 
     runtime = Runtime(Settings(database_url=dsn))
     spec = app.steps["pingpong.ping"]
@@ -101,8 +101,8 @@ def _instrumentation_only(message: Any, count: int = 20000) -> dict[str, float]:
 
 
 def _migrate(dsn: str) -> None:
-    from actors.app import app
     from estafeta import Runtime, Settings
+    from estafeta_actors.app import app
 
     runtime = Runtime(Settings(database_url=dsn))
     runtime.migrate([app.service("pingpong")])

@@ -29,11 +29,11 @@ import dramatiq
 import psycopg
 from dramatiq.brokers.stub import StubBroker
 
-from actors.app import app
-from actors.order_saga import place_order
-from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings, build_relay
-from sql import embedded
+from estafeta_actors.app import app
+from estafeta_actors.order_saga import place_order
+from estafeta_cli.seed import plan_orders, seed_services
+from estafeta_sql import embedded
 
 from .sagas import without_history
 

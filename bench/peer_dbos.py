@@ -113,8 +113,8 @@ def measure(runtime: Runtime, system_url: str, count: int) -> dict[str, Any]:
     import sqlalchemy as sa
     from dbos import DBOSClient
 
-    from actors import orders
-    from cli.seed import plan_orders, seed_services
+    from estafeta_actors import orders
+    from estafeta_cli.seed import plan_orders, seed_services
 
     tag = f"d{uuid.uuid4().hex[:6]}-"
     plan = plan_orders(count, prefix=tag, rng=random.Random(7))

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from brokers import broker_from_url, split_namespace
+from estafeta_brokers import broker_from_url, split_namespace
 
 from . import relay_baselines as baselines
 from .relay_kafka import count_records, raw_kafka_rate

@@ -22,7 +22,7 @@ import dramatiq
 import pika
 import psycopg
 
-from brokers import broker_from_url
+from estafeta_brokers import broker_from_url
 
 _SEED_SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS bench_seed;

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from brokers.kafka import message_headers
-from brokers.kafka_config import parse_kafka_url
-from brokers.kafka_topics import TopicDeclarer
+from estafeta_brokers.kafka import message_headers
+from estafeta_brokers.kafka_config import parse_kafka_url
+from estafeta_brokers.kafka_topics import TopicDeclarer
 
 from .relay_baselines import messages
 

@@ -21,9 +21,9 @@ import pika
 import psycopg
 import redis
 
-from brokers import amqp_urls, broker_from_url, split_namespace
 from estafeta import Settings
-from sql import outbox as store
+from estafeta_brokers import amqp_urls, broker_from_url, split_namespace
+from estafeta_sql import outbox as store
 
 from .relay_kafka import consume_arrivals
 from .relay_setup import Services, fill, outbox_empty, relays, warm_up

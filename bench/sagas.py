@@ -2,7 +2,7 @@
 
 On a scratch PostgreSQL database, for each broker (the StubBroker with an in-process
 worker and relay; RabbitMQ and Redis, when reachable, and Kafka (``BENCH_KAFKA_URL``, or a
-Tansu the benchmark starts), with ``dramatiq actors`` worker processes and an
+Tansu the benchmark starts), with ``dramatiq estafeta_actors`` worker processes and an
 ``estafeta relay`` process):
 
 - ``baseline``: ping/pong round trips (two one-transaction steps, no saga): step messages
@@ -47,13 +47,13 @@ import psycopg
 from dramatiq.brokers.stub import StubBroker
 from psycopg import sql
 
-from actors.app import app
-from actors.order_history import record_transition
-from actors.order_saga import ORDER_SAGA, place_order
-from actors.pingpong import SERVICE as pingpong_service
-from actors.pingpong import Ping
-from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings, build_relay
+from estafeta_actors.app import app
+from estafeta_actors.order_history import record_transition
+from estafeta_actors.order_saga import ORDER_SAGA, place_order
+from estafeta_actors.pingpong import SERVICE as pingpong_service
+from estafeta_actors.pingpong import Ping
+from estafeta_cli.seed import plan_orders, seed_services
 
 from . import cpu, peers
 from .common import (
@@ -120,9 +120,9 @@ def process_harness(
     threads: int = 8,
     lanes: int = 2,
     settings: Mapping[str, str] = {},
-    module: str = "actors",
+    module: str = "estafeta_actors",
 ) -> Iterator[Runtime]:
-    """``dramatiq actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes.
+    """``dramatiq estafeta_actors`` (``processes`` x ``threads``) and ``estafeta relay`` processes.
 
     ``settings``: more ``ESTAFETA_*`` variables for them. ``module``: the workers' module.
     """
@@ -451,7 +451,7 @@ def table(results: dict[str, Any], processes: int, threads: int) -> str:
     width = max([12, *(len(name) + 2 for name in brokers)])  # the names, and a gap after them
     lines = [
         f"estafeta saga benchmark: {describe(machine())}",
-        f"real brokers: dramatiq actors --processes {processes} --threads {threads}",
+        f"real brokers: dramatiq estafeta_actors --processes {processes} --threads {threads}",
         f"{'broker':<{width}}{'baseline: steps/s':>19}{'sagas/s':>10}{'saga steps/s':>14}{'steps/saga':>12}"
         f"{'vs baseline':>13}{'p50 s':>8}{'p99 s':>8}{'CPU ms/step':>13}",
     ]

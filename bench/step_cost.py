@@ -35,12 +35,12 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
-from actors import inventory, payments, pingpong
-from actors.app import app
-from actors.order_saga import place_order
-from brokers.publish import to_message
 from estafeta import Runtime, Settings, deliver
-from sql.outbox import OutboxRow
+from estafeta_actors import inventory, payments, pingpong
+from estafeta_actors.app import app
+from estafeta_actors.order_saga import place_order
+from estafeta_brokers.publish import to_message
+from estafeta_sql.outbox import OutboxRow
 
 from .common import scratch_database
 

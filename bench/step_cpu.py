@@ -25,10 +25,10 @@ import dramatiq
 import psycopg
 from dramatiq.brokers.rabbitmq import _RabbitmqMessage
 
-from actors.app import app
-from actors.pingpong import Ping
 from estafeta import Runtime, Settings, deliver
 from estafeta.messaging.messages import to_json
+from estafeta_actors.app import app
+from estafeta_actors.pingpong import Ping
 
 from .common import admin_dsn, scratch_database
 from .cpu import process_cpu

@@ -29,8 +29,8 @@ import psycopg
 
 from estafeta.locks.step_locks import PostgresLocks
 from estafeta.steps.transaction import SAVEPOINT, begin
-from sql import inbox, migrate
-from sql.queries import query
+from estafeta_sql import inbox, migrate
+from estafeta_sql.queries import query
 
 from .common import describe, machine, scratch_database
 from .cpu import process_cpu

@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from sql import migrate
+from estafeta_sql import migrate
 
 from .common import admin_dsn, machine, scratch_database
 from .cpu import process_cpu
@@ -45,8 +45,8 @@ SCHEMA = "wake_events"
 
 def prepare(dsn: str) -> None:
     """The event store's schema, and the order system's services (the ping step's among them)."""
-    from actors.app import app
     from estafeta import Runtime, Settings
+    from estafeta_actors.app import app
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         directories = [migrate.builtin_directory("_common"), migrate.builtin_directory("_events")]
@@ -116,10 +116,10 @@ def _linger(start_at: float, seconds: float) -> None:
 def _steps(dsn: str, policy: str, start_at: float, seconds: float, index: int, threads: int) -> int:
     import dramatiq
 
-    from actors.app import app
-    from actors.pingpong import Ping
     from estafeta import Runtime, Settings, deliver
     from estafeta.messaging.messages import to_json
+    from estafeta_actors.app import app
+    from estafeta_actors.pingpong import Ping
 
     # As a worker process: its threads share one runtime (a pool, a waker).
     runtime = Runtime(Settings(database_url=dsn, wakeup=policy, pool_size=threads))

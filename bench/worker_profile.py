@@ -1,8 +1,8 @@
-"""Where a worker's CPU goes: py-spy samples of ``dramatiq actors`` answering ping/pongs (or order sagas), by package.
+"""Where a worker's CPU goes: py-spy samples of the order system's workers on ping/pongs (or order sagas), by package.
 
     python -m bench.worker_profile [--pings 3000 | --sagas 600 [--no-history]] [--handoffs 8] [--seconds 15] [--top 15]
 
-On a scratch database and RabbitMQ vhost, one ``dramatiq actors --processes 1 --threads 8``
+On a scratch database and RabbitMQ vhost, one ``dramatiq estafeta_actors --processes 1 --threads 8``
 and one ``estafeta relay`` run; pings are written in one transaction and py-spy samples the
 worker process (threads waiting on a socket or a lock are idle and not sampled) while they
 are answered (only the thread holding the GIL is sampled: Python-level CPU). Each sample is
@@ -27,11 +27,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from actors.order_saga import place_order
-from actors.pingpong import SERVICE as pingpong_service
-from actors.pingpong import Ping
-from cli.seed import plan_orders, seed_services
 from estafeta import Runtime, Settings
+from estafeta_actors.order_saga import place_order
+from estafeta_actors.pingpong import SERVICE as pingpong_service
+from estafeta_actors.pingpong import Ping
+from estafeta_cli.seed import plan_orders, seed_services
 
 from .common import describe, machine, rabbitmq_vhost, scratch_database, stop
 from .sagas import _migrate, _wait, without_history
@@ -135,7 +135,7 @@ def profile(
         env = {k: v for k, v in os.environ.items() if not k.startswith("ESTAFETA_")}
         env.update(ESTAFETA_DATABASE_URL=dsn, ESTAFETA_BROKER_URL=amqp, PYTHONPATH=str(ROOT))
         env.update(ESTAFETA_HANDOFFS=str(handoffs))
-        module = "actors" if history else "bench.actors_without_history"
+        module = "estafeta_actors" if history else "bench.actors_without_history"
         worker = subprocess.Popen(
             [str(BIN / "dramatiq"), module, "--processes", "1", "--threads", "8"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """``python -m bench.worker_shape``: the saga and ping/pong rates for each worker shape, in one run.
 
 For every ``--processes`` x ``--threads`` pair, on one broker, ``bench.sagas`` runs its
-ping/pong round trips and its order sagas with ``dramatiq actors --processes P --threads
+ping/pong round trips and its order sagas with ``dramatiq estafeta_actors --processes P --threads
 T`` (and one ``estafeta relay``), so the defaults can be chosen from figures measured side
 by side: the default shape (Dramatiq's: a process per core, 8 threads) is marked.
 """

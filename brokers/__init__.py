@@ -126,8 +126,8 @@ def broker_from_url(
     RabbitMQ brokers confirm every publish (``confirm_delivery``), so a message the
     broker did not take raises instead of vanishing, and declare their queues as
     ``queue_type`` says (``classic``: Dramatiq's own; ``quorum``: replicated, with
-    ``delivery_limit``; see :mod:`brokers.rabbitmq_queues`). RabbitMQ and Redis connections
-    get the timeouts of :mod:`brokers.liveness` unless the URL sets them. Every broker carries the
+    ``delivery_limit``; see :mod:`estafeta_brokers.rabbitmq_queues`). RabbitMQ and Redis connections
+    get the timeouts of :mod:`estafeta_brokers.liveness` unless the URL sets them. Every broker carries the
     ``CurrentMessage`` middleware, which steps need to read their message id.
     """
     check_url(url)

@@ -1,6 +1,6 @@
 """A batch of outbox rows on its way to a broker: its bytes, which rows may go, and the outcome.
 
-What every publisher shares (:mod:`brokers.publish` picks one per broker; the RabbitMQ,
+What every publisher shares (:mod:`estafeta_brokers.publish` picks one per broker; the RabbitMQ,
 Redis and Kafka publishers build on this module), kept apart from the choosing so that the
 publishers never import the module that imports them.
 """
@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import attrs
 import dramatiq
 
-from sql.outbox import OutboxRow
+from estafeta_sql.outbox import OutboxRow
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ class PublishOutcome:
 
 
 def encode(row: OutboxRow, **extra_options: Any) -> bytes:
-    """``brokers.publish.to_message(row).encode()`` (plus ``extra_options``), the same bytes without the message.
+    """``publish.to_message(row).encode()`` (plus ``extra_options``), the same bytes without the message.
 
     The fields go to Dramatiq's global encoder in ``Message.asdict()`` order, so the
     body is exactly what ``broker.enqueue`` would have sent.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sql.outbox import OutboxRow
+from estafeta_sql.outbox import OutboxRow
 
 #: The key of ``Message.options`` naming the deployment whose relay published the message.
 DEPLOYMENT_OPTION = "deployment"

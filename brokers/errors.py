@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 
 class BrokerUnavailable(EstafetaError):

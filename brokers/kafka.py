@@ -1,7 +1,7 @@
 """A Dramatiq broker on Kafka (confluent-kafka, i.e. librdkafka).
 
 Queue ``Q`` is the topic ``<prefix>Q``; Dramatiq's delay queue ``Q.DQ`` and dead-letter
-queue ``Q.XQ`` are topics too (see :mod:`brokers.kafka_config`). So everything Dramatiq
+queue ``Q.XQ`` are topics too (see :mod:`estafeta_brokers.kafka_config`). So everything Dramatiq
 does on RabbitMQ and Redis works unchanged:
 
 - ``enqueue`` produces with an idempotent, ``acks=all`` producer and returns only once
@@ -15,7 +15,7 @@ does on RabbitMQ and Redis works unchanged:
   offset may move past it;
 - every worker consumer of queue ``Q`` is a member of the consumer group ``<group>.<topic>``
   and commits, per partition, only up to the lowest message still in flight
-  (:mod:`brokers.kafka_consumer`).
+  (:mod:`estafeta_brokers.kafka_consumer`).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ class KafkaBroker(dramatiq.Broker):
             self._producer = None
 
     def relay_publisher(self, **options: Any) -> Any:
-        """The relay's batched publisher for this cluster (see :func:`brokers.publish.publisher_for`)."""
+        """The relay's batched publisher for this cluster (see :func:`estafeta_brokers.publish.publisher_for`)."""
         return KafkaPublisher.for_broker(self, **options)
 
     # -- consuming --------------------------------------------------------------

@@ -7,7 +7,7 @@ queue; first it produces the message's retry if Kafka did not take it when Drama
 letter (and waits for Kafka's ack, on the calling thread, as Dramatiq's other brokers do),
 and the consumer thread, each time Dramatiq asks it for a message, settles what was
 handed over and commits every partition up to its lowest unfinished offset
-(:class:`brokers.kafka_offsets.PartitionOffsets`).
+(:class:`estafeta_brokers.kafka_offsets.PartitionOffsets`).
 
 Flow control: at most ``prefetch`` messages are unfinished at once. While that many are,
 the consumer takes nothing more from librdkafka and waits for acknowledgements; if that

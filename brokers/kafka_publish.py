@@ -6,7 +6,7 @@ report, which with ``acks=all`` means every in-sync replica has the record. Each
 is what the workers consume: the value is Dramatiq's own encoding of the message (the
 outbox row's message id as its id), the key is the row's ``ordering_key`` (so a key's
 rows share a partition, and Kafka keeps their order there), the topic is the queue's
-(:mod:`brokers.kafka_config`), and the message id, saga id and ``traceparent`` are
+(:mod:`estafeta_brokers.kafka_config`), and the message id, saga id and ``traceparent`` are
 Kafka headers too. The idempotent producer keeps a partition's records in order and
 free of duplicates across its own retries.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from sql.outbox import OutboxRow
+from estafeta_sql.outbox import OutboxRow
 
 from .batches import PublishOutcome, after_refusals, describe, encode
 from .kafka_config import ClientErrors, ClientLog, KafkaConfig

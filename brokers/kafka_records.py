@@ -1,8 +1,8 @@
 """What the Kafka broker, its consumer and the relay's Kafka publisher share: a record's headers, the errors,
 and what the consumer and the publisher need of the broker (:class:`ClusterBroker`, :class:`ProducingBroker`).
 
-Kept apart from :mod:`brokers.kafka` so that :mod:`brokers.kafka_consumer` and
-:mod:`brokers.kafka_publish`, which the broker builds, never import the broker's module.
+Kept apart from :mod:`estafeta_brokers.kafka` so that :mod:`estafeta_brokers.kafka_consumer` and
+:mod:`estafeta_brokers.kafka_publish`, which the broker builds, never import the broker's module.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def message_headers(message_id: str, options: dict[str, Any], saga_id: object = 
 
 
 class ClusterBroker(Protocol):
-    """A broker on one Kafka cluster, as the relay's Kafka publisher takes it (``brokers.kafka.KafkaBroker``)."""
+    """A broker on one Kafka cluster, as the relay's Kafka publisher takes it (``kafka.KafkaBroker``)."""
 
     @property
     def config(self) -> KafkaConfig:

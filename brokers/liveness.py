@@ -12,7 +12,7 @@ every broker URL gets these settings unless it sets them itself (its query strin
   5 s, TCP keepalives, and a ``PING`` before reusing a connection idle for 15 s. redis-py
   8 has the same timeouts by default; redis-py 5 to 7 (which estafeta also supports) have
   none: a command sent into a silent link waited forever.
-- Kafka (librdkafka): see :data:`brokers.kafka_config.COMMON_DEFAULTS`.
+- Kafka (librdkafka): see :data:`estafeta_brokers.kafka_config.COMMON_DEFAULTS`.
 """
 
 from __future__ import annotations

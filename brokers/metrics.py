@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sql import clock, outbox_admin
+from estafeta_sql import clock, outbox_admin
 
 if TYPE_CHECKING:
     from .outboxes import Outbox

@@ -1,7 +1,7 @@
 """Where a service's outbox lives: its schema and the database that holds it.
 
-Apart from :mod:`brokers.relay`, which drains such outboxes, because the relay's metrics
-(:mod:`brokers.metrics`) read the same outboxes at scrape time and the relay reports to
+Apart from :mod:`estafeta_brokers.relay`, which drains such outboxes, because the relay's metrics
+(:mod:`estafeta_brokers.metrics`) read the same outboxes at scrape time and the relay reports to
 those metrics: each names the outboxes from here instead of from the other.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from sql.pool import Database
+from estafeta_sql.pool import Database
 
 
 @attrs.frozen

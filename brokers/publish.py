@@ -16,7 +16,7 @@ import attrs
 import dramatiq
 import dramatiq.errors
 
-from sql.outbox import OutboxRow
+from estafeta_sql.outbox import OutboxRow
 
 # What every publisher shares lives in .batches, which the publishers import instead of
 # this module (it imports them); its names stay importable from here.
@@ -111,9 +111,9 @@ def publisher_for(broker: dramatiq.Broker, **options: Any) -> Publisher:
     """The fastest correct publisher for ``broker``.
 
     RabbitMQ: a batch per round trip with publisher confirms outstanding
-    (:class:`brokers.rabbitmq.RabbitmqPublisher`); Redis: a pipelined batch
-    (:class:`brokers.redis.RedisPublisher`); a broker with a ``relay_publisher(**options)``
-    method (Kafka: :class:`brokers.kafka_publish.KafkaPublisher`): that; anything else:
+    (:class:`estafeta_brokers.rabbitmq.RabbitmqPublisher`); Redis: a pipelined batch
+    (:class:`estafeta_brokers.redis.RedisPublisher`); a broker with a ``relay_publisher(**options)``
+    method (Kafka: :class:`estafeta_brokers.kafka_publish.KafkaPublisher`): that; anything else:
     ``broker.enqueue``.
     ``options`` go to the batched publishers (``confirm_timeout``...).
     """

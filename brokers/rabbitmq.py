@@ -7,11 +7,11 @@ queues are Dramatiq's own: the message body is ``Message.encode()``, the propert
 those ``enqueue`` sets (persistent, ``broker_priority``) plus the message id (which
 matches a returned message to its row without reading its body; workers ignore it),
 and each queue is declared with its ``.DQ`` and ``.XQ`` exactly as the workers' broker
-declares them (:mod:`brokers.rabbitmq_queues`: Dramatiq's classic queues, or quorum
+declares them (:mod:`estafeta_brokers.rabbitmq_queues`: Dramatiq's classic queues, or quorum
 queues), so ``dramatiq`` workers consume what it publishes.
 
 pika's ``SelectConnection`` is the API with asynchronous confirms; the connection, its
-channel and pika's I/O loop are driven by :mod:`brokers.rabbitmq_link`, in the caller's
+channel and pika's I/O loop are driven by :mod:`estafeta_brokers.rabbitmq_link`, in the caller's
 thread, only until what the caller waits for has happened.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import pika
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from sql.outbox import OutboxRow
+from estafeta_sql.outbox import OutboxRow
 
 from .batches import PublishOutcome, after_refusals, encode, encode_each
 from .rabbitmq_link import Batch, Link, Unavailable

@@ -1,6 +1,6 @@
 """One pika ``SelectConnection`` and its confirm-mode channel, driven from the caller's thread.
 
-What :class:`brokers.rabbitmq.RabbitmqPublisher` needs of RabbitMQ, apart from what it
+What :class:`estafeta_brokers.rabbitmq.RabbitmqPublisher` needs of RabbitMQ, apart from what it
 decides about rows: opening a connection (failing over to the next host), a channel in
 confirm mode, declaring queues, sending a batch and collecting its acks, nacks and
 returns (:class:`Batch`), all within one deadline per publish attempt. pika's I/O loop is
@@ -19,12 +19,12 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from sql.outbox import OutboxRow
+from estafeta_sql.outbox import OutboxRow
 
 from .batches import describe
 
 # The publisher's logger: the relay's RabbitMQ warnings keep one name, whichever module logs them.
-logger = logging.getLogger("brokers.rabbitmq")
+logger = logging.getLogger("estafeta_brokers.rabbitmq")
 
 
 class Unavailable(Exception):

@@ -3,7 +3,7 @@
 Dramatiq declares, for each queue ``Q``, ``Q`` and its delay queue ``Q.DQ`` (both
 dead-lettering into ``Q.XQ``) and ``Q.XQ`` (keeping dead messages for
 ``DEAD_MESSAGE_TTL``). Workers (through :class:`QueueTypedRabbitmqBroker`) and the relay
-(through :class:`brokers.rabbitmq.RabbitmqPublisher`) both take their arguments from one
+(through :class:`estafeta_brokers.rabbitmq.RabbitmqPublisher`) both take their arguments from one
 :class:`QueueDeclarations`, so that they declare the same queues identically: RabbitMQ
 refuses a second declaration with other arguments (``PRECONDITION_FAILED``).
 

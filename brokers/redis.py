@@ -32,7 +32,7 @@ from dramatiq.common import current_millis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from sql.outbox import OutboxRow
+from estafeta_sql.outbox import OutboxRow
 
 from .batches import PublishOutcome, describe, encode, encode_each
 

@@ -1,7 +1,7 @@
 """The relay: drains service outboxes into the broker.
 
 Each batch is one transaction: claim due rows (``FOR UPDATE SKIP LOCKED``, per-key
-commit order kept, see :func:`sql.outbox.claim_batch`), publish them with confirms
+commit order kept, see :func:`estafeta_sql.outbox.claim_batch`), publish them with confirms
 outstanding for the whole batch, delete the ones the broker confirmed in one statement,
 count a failed attempt on the ones it refused. A relay killed at any instant loses
 nothing: its locks die with its connection and unconfirmed or undeleted rows are
@@ -28,9 +28,9 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from sql import outbox as store
-from sql.errors import DatabaseError
-from sql.pool import notifications
+from estafeta_sql import outbox as store
+from estafeta_sql.errors import DatabaseError
+from estafeta_sql.pool import notifications
 
 from . import metrics, tracing
 from .batches import PublishOutcome
@@ -88,7 +88,7 @@ class Relay:
         self.outboxes = list(outboxes)
         self.publisher = publisher
         self.config = config
-        #: The deployment named in every message published (``brokers.deployments``); ``None``: none.
+        #: The deployment named in every message published (``estafeta_brokers.deployments``); ``None``: none.
         self.deployment: DeploymentName | None = None
         #: ``messaging.system`` of the broker, for the batches' ``send`` spans.
         self.system = system
@@ -301,7 +301,7 @@ class Relay:
         self.wake.set()
 
     def _due_outboxes(self) -> set[str]:
-        """The outboxes with a row due now, asked of each database in one round trip (``sql.outbox.due_now``).
+        """The outboxes with a row due now, asked of each database in one round trip (``estafeta_sql.outbox.due_now``).
 
         A poll used to claim from every outbox in turn, a transaction each, most of them
         finding nothing (with hand-offs, nearly every outbox). The others' next due row,

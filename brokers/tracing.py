@@ -28,7 +28,7 @@ except ImportError:  # the otel extra is not installed: every span below is skip
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext
 
-    from sql.outbox import OutboxRow
+    from estafeta_sql.outbox import OutboxRow
 
 #: The instrumentation scope of every span estafeta makes.
 TRACER_NAME = "estafeta"

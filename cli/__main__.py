@@ -1,4 +1,4 @@
-"""``python -m cli``: the same as the ``estafeta`` command."""
+"""``python -m estafeta_cli``: the same as the ``estafeta`` command."""
 
 from .main import main
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 import dramatiq
 
-from brokers.reachable import BrokerUnreachable, check_reachable
 from estafeta import Runtime
+from estafeta_brokers.reachable import BrokerUnreachable, check_reachable
 
 
 def check_broker(runtime: Runtime, broker: dramatiq.Broker) -> None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from estafeta import Runtime, Saga
 
 #: The app ``estafeta`` works on when neither ``--app`` nor ``ESTAFETA_APP`` names one.
-ORDER_SYSTEM = "actors"
+ORDER_SYSTEM = "estafeta_actors"
 
 
 class AppContext:

@@ -2,7 +2,7 @@
 
 With no configuration it runs on an embedded PostgreSQL and the StubBroker, with a
 Dramatiq worker, the relay and the saga watchdog inside this process. With
-``ESTAFETA_BROKER_URL`` set to RabbitMQ or Redis it starts ``dramatiq actors`` worker
+``ESTAFETA_BROKER_URL`` set to RabbitMQ or Redis it starts ``dramatiq estafeta_actors`` worker
 processes itself and relays from this process (``--external``: use the workers and the
 relay already running instead).
 """
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def _place(runtime: Runtime, plan: OrderPlan) -> list[uuid.UUID]:
-    from actors.order_saga import place_order
+    from estafeta_actors.order_saga import place_order
 
     timeout = runtime.settings.saga_step_timeout
     saga_ids = []
@@ -47,8 +47,8 @@ def _place(runtime: Runtime, plan: OrderPlan) -> list[uuid.UUID]:
 
 
 def _wait(runtime: Runtime, saga_ids: list[uuid.UUID], timeout: float, quiet: bool) -> int:
-    from actors.order_saga import ORDER_SAGA
-    from sql import saga_reports
+    from estafeta_actors.order_saga import ORDER_SAGA
+    from estafeta_sql import saga_reports
 
     deadline = time.monotonic() + timeout
     ended = 0
@@ -140,7 +140,7 @@ def _database_per_service(app: App, runtime: Runtime) -> tuple[Runtime, dramatiq
     from psycopg import conninfo
 
     from estafeta import Runtime
-    from sql import embedded, migrate
+    from estafeta_sql import embedded, migrate
 
     settings = runtime.settings
     base = embedded.start() if settings.database_url == "embedded" else settings.database_url
@@ -157,7 +157,7 @@ def _database_per_service(app: App, runtime: Runtime) -> tuple[Runtime, dramatiq
 
 
 def _where(runtime: Runtime) -> str:
-    from sql.pool import describe_dsn
+    from estafeta_sql.pool import describe_dsn
 
     url = runtime.settings.database_url
     database = "an embedded PostgreSQL (.estafeta/pgdata)" if url == "embedded" else describe_dsn(url)

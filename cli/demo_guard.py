@@ -13,8 +13,8 @@ from typing import NoReturn
 
 import dramatiq
 
-from brokers.queue_consumers import queue_consumers
 from estafeta import App
+from estafeta_brokers.queue_consumers import queue_consumers
 
 
 def refuse_foreign_consumers(app: App, broker: dramatiq.Broker, where: str) -> None:

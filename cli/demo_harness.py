@@ -1,8 +1,8 @@
 """What runs the demo's sagas while it waits, and the duplicates it publishes on purpose.
 
 In this process (a Dramatiq worker, the relay and the saga watchdog, on the StubBroker) or
-in ``dramatiq actors`` processes the demo starts and ties to its own life (on RabbitMQ or
-Redis), or the workers and relay already running. Apart from the command (:mod:`cli.demo`):
+in ``dramatiq estafeta_actors`` processes the demo starts and ties to its own life (on RabbitMQ or
+Redis), or the workers and relay already running. Apart from the command (:mod:`estafeta_cli.demo`):
 this is the machinery under the demo's story, with the relay's publisher that publishes
 every Nth row twice and the count of copies the inboxes absorbed.
 """
@@ -23,9 +23,9 @@ import attrs
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
-from brokers.publish import Publisher, PublishOutcome
 from estafeta import build_relay
-from sql.outbox import OutboxRow
+from estafeta_brokers.publish import Publisher, PublishOutcome
+from estafeta_sql.outbox import OutboxRow
 
 if TYPE_CHECKING:
     from estafeta import Runtime
@@ -87,7 +87,7 @@ class Harness:
 
 @contextlib.contextmanager
 def _relaying(runtime: Runtime, broker: dramatiq.Broker, every: int) -> Iterator[DuplicatingPublisher]:
-    from actors import app
+    from estafeta_actors import app
 
     relay = build_relay(runtime, broker, app.service_names, poll_interval=0.2)
     publisher = DuplicatingPublisher(relay.publisher, every)
@@ -118,12 +118,21 @@ def _stub_harness(runtime: Runtime, broker: StubBroker, every: int) -> Iterator[
 def _process_harness(runtime: Runtime, broker: dramatiq.Broker, every: int, processes: int) -> Iterator[Harness]:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"workers-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    argv = [*_dying_with(os.getpid()), "-m", "dramatiq", "actors", "--processes", str(processes), "--threads", "8"]
+    argv = [
+        *_dying_with(os.getpid()),
+        "-m",
+        "dramatiq",
+        "estafeta_actors",
+        "--processes",
+        str(processes),
+        "--threads",
+        "8",
+    ]
     with log.open("wb") as out:
         workers = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with _relaying(runtime, broker, every) as publisher:
-            text = f"{processes} `dramatiq actors` process(es) (log: {log}) and the relay in this process"
+            text = f"{processes} `dramatiq estafeta_actors` process(es) (log: {log}) and the relay in this process"
             yield Harness(text, publisher, [log])
     finally:
         workers.terminate()
@@ -162,7 +171,9 @@ def start(runtime: Runtime, broker: dramatiq.Broker, every: int, processes: int,
     if isinstance(broker, StubBroker):
         return _stub_harness(runtime, broker, every)
     if external:
-        return contextlib.nullcontext(Harness("the `dramatiq actors` workers and `estafeta relay` already running"))
+        return contextlib.nullcontext(
+            Harness("the `dramatiq estafeta_actors` workers and `estafeta relay` already running")
+        )
     return _process_harness(runtime, broker, every, processes)
 
 

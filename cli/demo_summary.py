@@ -2,7 +2,7 @@
 
 The reconciliation is what makes the summary one an operator would trust: money, the
 ledger, stock and every order checked against what was seeded. Apart from the command
-(:mod:`cli.demo`), which runs the orders: this reads their outcome, as JSON for scripts or
+(:mod:`estafeta_cli.demo`), which runs the orders: this reads their outcome, as JSON for scripts or
 as the lines ``estafeta demo`` prints.
 """
 
@@ -13,8 +13,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from actors.order_saga import Reconciliation
     from estafeta import Runtime
+    from estafeta_actors.order_saga import Reconciliation
 
     from .demo_harness import Harness
     from .seed import OrderPlan
@@ -24,8 +24,8 @@ def summary(
     runtime: Runtime, plan: OrderPlan, saga_ids: list[uuid.UUID], harness: Harness, absorbed: int | None
 ) -> dict[str, Any]:
     """The outcome of ``saga_ids``: counts by status, throughput and latency, duplicates, the reconciliation."""
-    from actors.order_saga import ORDER_SAGA, reconcile
-    from sql import saga_reports
+    from estafeta_actors.order_saga import ORDER_SAGA, reconcile
+    from estafeta_sql import saga_reports
 
     with runtime.database("orders").connection() as conn:
         outcomes = saga_reports.outcomes(conn, ORDER_SAGA.table, saga_ids)

@@ -21,9 +21,9 @@ from .tables import echo_table, when
 if TYPE_CHECKING:
     import psycopg
 
-    from actors.order_history import OrderView, Projected
-    from actors.order_saga import PlacedOrder
     from estafeta import Runtime
+    from estafeta_actors.order_history import OrderView, Projected
+    from estafeta_actors.order_saga import PlacedOrder
 
 #: Orders placed per transaction by ``--count`` (each order's rows still commit together).
 BATCH = 100
@@ -33,7 +33,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON 
 
 def _ready() -> Runtime:
     context = order_system()
-    from actors import orders
+    from estafeta_actors import orders
 
     runtime = context.runtime
     pending = runtime.migrate([orders.SERVICE], check=True)["orders"]
@@ -73,12 +73,12 @@ def place_command(
     Prints one line: how many orders were placed (and how many a reused key had placed
     already), in how long, and the first and last order (the only one's saga too); -v adds
     a line per order before it; --json prints every order (order_id, saga_id, placed).
-    The sagas run wherever `dramatiq actors` and `estafeta relay` run for this database
+    The sagas run wherever `dramatiq estafeta_actors` and `estafeta relay` run for this database
     and broker (with the default stub:// broker nothing outside this process would run
     them: try `estafeta demo`).
     """
     runtime = _ready()
-    from actors.order_saga import IdempotencyConflict
+    from estafeta_actors.order_saga import IdempotencyConflict
 
     keys = [None] * count if key is None else ([key] if count == 1 else [f"{key}-{i}" for i in range(1, count + 1)])
     who = list(zip(itertools.cycle(customers), itertools.cycle(skus), keys, strict=False))
@@ -109,7 +109,7 @@ def placed_summary(placed: list[PlacedOrder], seconds: float) -> str:
 
 
 def _place(runtime: Runtime, who: list[tuple[str, str, str | None]], quantity: int, amount: int) -> list[PlacedOrder]:
-    from actors.order_saga import place_order
+    from estafeta_actors.order_saga import place_order
 
     placed = []
     for batch in (who[i : i + BATCH] for i in range(0, len(who), BATCH)):
@@ -144,9 +144,9 @@ def status_command(order_id: uuid.UUID | None, as_json: bool) -> None:
     output says by how much); `estafeta orders history ORDER_ID` reads the events themselves.
     """
     runtime = _ready()
-    from actors import order_history, orders
-    from actors.order_saga import ORDER_SAGA
-    from sql import saga_reports, sagas
+    from estafeta_actors import order_history, orders
+    from estafeta_actors.order_saga import ORDER_SAGA
+    from estafeta_sql import saga_reports, sagas
 
     with runtime.database("orders").connection() as conn:
         if order_id is None:
@@ -214,7 +214,7 @@ def history_command(order_id: uuid.UUID, as_of: datetime | None, as_json: bool) 
     works for any time, also before the order_summary projection existed.
     """
     runtime = _ready()
-    from actors import order_history
+    from estafeta_actors import order_history
 
     with runtime.database("orders").connection() as conn:
         view = order_history.as_of(conn, order_id, as_of)
@@ -236,7 +236,7 @@ def history_command(order_id: uuid.UUID, as_of: datetime | None, as_json: bool) 
 
 def _no_history(conn: psycopg.Connection[Any], order_id: uuid.UUID, as_of: datetime | None) -> NoReturn:
     """Say why an order has no history to show (at that time): unknown, recorded later, or never recorded."""
-    from actors import order_history, orders
+    from estafeta_actors import order_history, orders
 
     first = order_history.first_recorded(conn, order_id)
     if first is not None and as_of is not None:
@@ -265,7 +265,7 @@ def _print_counts(counts: dict[str, dict[str, int]], as_json: bool) -> None:
 def list_command(status: str | None, limit: int, as_json: bool) -> None:
     """The newest orders first."""
     runtime = _ready()
-    from actors import orders
+    from estafeta_actors import orders
 
     with runtime.database("orders").connection() as conn:
         found = orders.list_orders(conn, status=status, limit=limit)

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from sql import inbox, outbox_admin, plan
-from sql.errors import MessageAlreadyPublished, ScheduledMessageRefused
+from estafeta_sql import inbox, outbox_admin, plan
+from estafeta_sql.errors import MessageAlreadyPublished, ScheduledMessageRefused
 
 from .context import current
 from .tables import echo_table, when

@@ -29,11 +29,11 @@ def ping_command(timeout: float) -> None:
     queues` show those.
 
     With the StubBroker (the default) a worker and a relay run inside this command;
-    otherwise `dramatiq actors` and `estafeta relay` must be running.
+    otherwise `dramatiq estafeta_actors` and `estafeta relay` must be running.
     """
     context = order_system()
-    from actors import pingpong
     from estafeta import running
+    from estafeta_actors import pingpong
 
     runtime = context.runtime
     runtime.migrate([pingpong.SERVICE])
@@ -54,7 +54,7 @@ def ping_command(timeout: float) -> None:
                 return
             time.sleep(0.02)
     raise click.ClickException(
-        f"no pong for {ping_id} within {timeout:g} s: are `dramatiq actors` and `estafeta relay` running?"
+        f"no pong for {ping_id} within {timeout:g} s: are `dramatiq estafeta_actors` and `estafeta relay` running?"
     )
 
 

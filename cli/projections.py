@@ -12,12 +12,12 @@ import attrs
 import click
 from prometheus_client import start_http_server
 
-from console.data.aggregates import aggregate_state
 from estafeta import EventStore, Projection, Projector, Service, run_projectors
 from estafeta.app.clock import warn_if_moved
 from estafeta.events.projection_ops import projection_status, rebuild
 from estafeta.observability.heartbeats import Kind, app_heartbeat
-from sql import projection_store
+from estafeta_console.data.aggregates import aggregate_state
+from estafeta_sql import projection_store
 
 from .context import current
 from .tables import echo_table, when

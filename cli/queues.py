@@ -28,8 +28,8 @@ def list_command(as_json: bool = False) -> None:
     of another deployment on these queues takes this deployment's messages (and parks them):
     see docs/how-to/run-for-real.md.
     """
-    from brokers.queue_consumers import queue_consumers
-    from brokers.queue_depth import waiting_messages
+    from estafeta_brokers.queue_consumers import queue_consumers
+    from estafeta_brokers.queue_depth import waiting_messages
 
     context = current()
     broker = context.broker
@@ -63,8 +63,8 @@ def redeclare_command() -> None:
     others are left alone. Stop every worker and relay first: a queue with a consumer is
     refused before anything changes. Interrupted, it loses nothing; run it again to finish.
     """
-    from brokers.rabbitmq_queues import QueueTypedRabbitmqBroker
-    from brokers.rabbitmq_redeclare import Action, Redeclared, RedeclareRefused, redeclare_queues
+    from estafeta_brokers.rabbitmq_queues import QueueTypedRabbitmqBroker
+    from estafeta_brokers.rabbitmq_redeclare import Action, Redeclared, RedeclareRefused, redeclare_queues
 
     context = current()
     broker = context.broker

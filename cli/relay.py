@@ -71,7 +71,7 @@ def relay_command(
     warn_if_moved(runtime, names, "relay")
     click.echo(_starting(names, runtime.settings.redacted_broker_url, len(relays), once), err=True)
     if metrics_port is not None:
-        from brokers import metrics
+        from estafeta_brokers import metrics
 
         metrics.serve(metrics_port, relays[0].outboxes, metrics_host)
         serve_liveness(context, relays[0].outboxes)

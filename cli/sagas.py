@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 
-from console import saga_labels
 from estafeta import SagaError, SagaNotFound, Watchdog
-from sql import saga_reports, sagas
+from estafeta_console import saga_labels
+from estafeta_sql import saga_reports, sagas
 
 from .context import current
 from .saga_start import start_command
@@ -21,7 +21,7 @@ from .tables import echo_table, when
 
 if TYPE_CHECKING:
     from estafeta import Saga
-    from sql.sagas import SagaRow
+    from estafeta_sql.sagas import SagaRow
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 _kind_option = click.option(
@@ -168,7 +168,7 @@ def abort_command(saga_id: uuid.UUID, reason: str, kind: str | None) -> None:
 def watch_command(once: bool, interval: float | None) -> None:
     """Re-send the commands of sagas past their deadline; compensate or fail those out of attempts.
 
-    Every `dramatiq actors` worker process already runs this watchdog; run it alone when
+    Every `dramatiq estafeta_actors` worker process already runs this watchdog; run it alone when
     the workers run elsewhere. Several watchdogs at once are safe.
     """
     context = current()

@@ -48,7 +48,7 @@ def plan_orders(count: int, *, prefix: str = "", rng: random.Random | None = Non
 
 def seed_services(runtime: Runtime, balances: dict[str, int], stock: dict[str, int]) -> tuple[int, int]:
     """Open the accounts and stock the SKUs that do not exist yet; return how many of each were created."""
-    from actors import inventory, payments
+    from estafeta_actors import inventory, payments
 
     with runtime.database("payments").transaction() as conn:
         accounts = payments.open_accounts(conn, balances)
@@ -72,7 +72,7 @@ def seed_command(customers: int, balance: int, skus: int, stock: int, prefix: st
     Customers are named c1, c2, ... and SKUs sku1, sku2, ... (after --prefix).
     """
     context = order_system()
-    from actors import inventory, payments
+    from estafeta_actors import inventory, payments
 
     runtime = context.runtime
     balances = {f"{prefix}c{i}": balance for i in range(1, customers + 1)}

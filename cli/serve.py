@@ -170,12 +170,12 @@ def build(
     listener: WebListener | None = None,
 ) -> FastAPI:
     """The ASGI app: the order API when the app is the order system, /health and the console always."""
-    from console.server.web import WebOptions, create_app
+    from estafeta_console.server.web import WebOptions, create_app
 
     runtime = context.runtime
     routers, pruners = [], []
     if context.is_order_system:
-        from actors.http import ApiOptions, OrderApi
+        from estafeta_actors.http import ApiOptions, OrderApi
 
         api = OrderApi(runtime, ApiOptions(idempotency_ttl=ttl, client_header=client_header))
         routers.append(api.router)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from estafeta.observability.liveness import Liveness, ServiceSpec, app_liveness, read_liveness
-from sql.heartbeats import MISSED_BEATS, HeartbeatRow
+from estafeta_sql.heartbeats import MISSED_BEATS, HeartbeatRow
 
 from .context import AppContext, current
 from .tables import table_lines, when
@@ -17,7 +17,7 @@ from .tables import table_lines, when
 if TYPE_CHECKING:
     import dramatiq
 
-    from brokers.outboxes import Outbox
+    from estafeta_brokers.outboxes import Outbox
 
 _HEADER = ("SERVICE", "KIND", "SERVES", "HOST", "PID", "VERSION", "STARTED", "LAST BEAT", "STATE")
 

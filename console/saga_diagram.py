@@ -31,8 +31,8 @@ import attrs
 from markupsafe import Markup
 
 from estafeta import Saga, SagaState, SagaStep
-from sql import saga_lookup
-from sql.sagas import LogEntry, SagaRow
+from estafeta_sql import saga_lookup
+from estafeta_sql.sagas import LogEntry, SagaRow
 
 from . import saga_labels
 
@@ -192,7 +192,7 @@ def _failed_step(timeline: Sequence[LogEntry]) -> str | None:
 
 
 def standing(saga: Saga, rows: Sequence[saga_lookup.Standing]) -> dict[str, int]:
-    """How many sagas stand on each node now, from :func:`sql.saga_lookup.standing_by_step`'s counts."""
+    """How many sagas stand on each node now, from :func:`estafeta_sql.saga_lookup.standing_by_step`'s counts."""
     counts: dict[str, int] = {}
     for row in rows:
         node = _undo_id(saga, row.step) if row.compensating else f"do:{row.step}"

@@ -22,7 +22,7 @@ from typing import Any
 
 from estafeta import Saga, SagaState, SagaStep
 from estafeta.messaging.messages import from_json
-from sql.sagas import LogEntry, SagaRow
+from estafeta_sql.sagas import LogEntry, SagaRow
 
 #: The detail the engine writes when a compensation is answered (``place_order undone``), or a step
 #: after compensation (``notify_cancellation done after compensating``; older logs say ``... undone``).

@@ -68,7 +68,7 @@ from estafeta.steps.delivery import deliver
 from estafeta.steps.outcome import Outcome
 from estafeta.steps.spec import StepSpec
 from estafeta.steps.step_events import StepEvents
-from sql.errors import (
+from estafeta_sql.errors import (
     DatabaseError,
     DatabaseRefused,
     DatabaseUnavailable,
@@ -80,7 +80,7 @@ from sql.errors import (
     StaleFencingToken,
     StatementFailed,
 )
-from sql.plan import Fetch, Statement
+from estafeta_sql.plan import Fetch, Statement
 
 #: The version: its one source (``pyproject.toml`` reads it; ``estafeta --version`` prints it).
 __version__ = "0.2.0"

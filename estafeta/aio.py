@@ -8,7 +8,7 @@
 
 Each function joins ``conn``'s current transaction, as the synchronous API does: the
 rows it writes commit or roll back with the caller's. The SQL and every decision are the
-synchronous API's own (its plans, ``sql.plan``), executed by an asynchronous runner, so
+synchronous API's own (its plans, ``estafeta_sql.plan``), executed by an asynchronous runner, so
 the two cannot drift apart.
 
 Steps stay synchronous Dramatiq actors and there is no async twin of the runtime: Dramatiq
@@ -31,8 +31,8 @@ from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersio
 from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step, boundary_async
 from estafeta.idempotency.problem import HttpResponse
 from estafeta.messaging import outbox as outbox
-from sql import outbox_admin
-from sql.plan import NeedsSyncConnection, run_async
+from estafeta_sql import outbox_admin
+from estafeta_sql.plan import NeedsSyncConnection, run_async
 
 if TYPE_CHECKING:
     from estafeta.app.service import Service

@@ -43,9 +43,9 @@ from eventsourcing.utils import Environment, EnvType, resolve_topic, strtobool
 
 from estafeta.app.service import Service
 from estafeta.events.es_store import MIGRATIONS, Store, data_to_state, state_to_data
-from sql import eventsourcing_store as rows
-from sql.event_store import WAKE_CHANNEL
-from sql.pool import notifications
+from estafeta_sql import eventsourcing_store as rows
+from estafeta_sql.event_store import WAKE_CHANNEL
+from estafeta_sql.pool import notifications
 
 __all__ = [
     "EstafetaAggregateRecorder",

@@ -34,7 +34,6 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from brokers.relay import Relay
 from estafeta.app.app import App, load_app
 from estafeta.app.clock import Clock
 from estafeta.app.runtime import Runtime
@@ -45,8 +44,9 @@ from estafeta.sagas.saga import Saga
 from estafeta.sagas.watchdog import Watchdog
 from estafeta.schedules.scheduler import Scheduler
 from estafeta.steps.delivery import deliver
-from sql import sagas as saga_store
-from sql.scratch import scratch_database, wipe
+from estafeta_brokers.relay import Relay
+from estafeta_sql import sagas as saga_store
+from estafeta_sql.scratch import scratch_database, wipe
 
 __all__ = ["TEST_SETTINGS", "AppUnderTest", "Passes", "VirtualClock"]
 

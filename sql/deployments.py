@@ -22,7 +22,7 @@ class DatabaseIdentity:
 def database_identity(dsn: str) -> DatabaseIdentity:
     """The identity of ``dsn``'s database, asked on a connection of its own.
 
-    Raises :class:`sql.errors.DatabaseUnavailable` when the server cannot be reached.
+    Raises :class:`estafeta_sql.errors.DatabaseUnavailable` when the server cannot be reached.
     """
     with translate_errors(describe_dsn(dsn)), psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         row = conn.execute(body("deployment.sql", "database_identity")).fetchone()

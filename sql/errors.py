@@ -2,7 +2,7 @@
 
 Every error estafeta raises on purpose derives from :class:`EstafetaError`; each
 class's docstring is its default message. Driver errors (psycopg) are translated
-in exactly one place, :func:`sql.pool.translate_errors`.
+in exactly one place, :func:`estafeta_sql.pool.translate_errors`.
 """
 
 from __future__ import annotations

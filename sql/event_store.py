@@ -281,7 +281,7 @@ def high_water_mark(
 
     ``conn`` must be in autocommit mode. Returns ``None`` if a transaction that was
     running when the call began is still running after ``timeout`` seconds (see
-    :func:`sql.projection_store.oldest_writer` for which one).
+    :func:`estafeta_sql.projection_store.oldest_writer` for which one).
 
     How: read the sequence's last value ``S``; then take a transaction id ``R`` of our own
     (a transaction that ends at once). Every writer that drew a position up to ``S`` took

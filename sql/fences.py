@@ -8,7 +8,7 @@ it. The protocol here makes its writes fail instead:
    holder records its token with :func:`advance`, in a transaction of its own that
    commits at once (so no row lock is held while it works);
 2. its guarded transaction ends with :func:`check`, which re-reads the key's row
-   ``FOR SHARE`` and raises :class:`~sql.errors.StaleFencingToken` if a newer token
+   ``FOR SHARE`` and raises :class:`~estafeta_sql.errors.StaleFencingToken` if a newer token
    was recorded since; the transaction then rolls back.
 
 Between the check and the commit the share lock makes a successor's :func:`advance`

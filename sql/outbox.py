@@ -1,7 +1,7 @@
 """The outbox store: rows written inside a business transaction, drained by the relay.
 
 What operators and apps ask of an outbox besides that (what waits, cancel, reschedule,
-retry) is in :mod:`sql.outbox_admin`.
+retry) is in :mod:`estafeta_sql.outbox_admin`.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def insert(conn: psycopg.Connection[Any], schema: str, message: OutgoingMessage)
 
 
 def insert_statement(schema: str, message: OutgoingMessage) -> plan.Statement:
-    """The statement :func:`insert` executes: for a plan that any driver runs (``sql.plan``)."""
+    """The statement :func:`insert` executes: for a plan that any driver runs (``estafeta_sql.plan``)."""
     body = {"args": list(message.args), "kwargs": message.kwargs, "options": message.options}
     params = {
         "message_id": message.message_id,

@@ -1,6 +1,6 @@
 """What operators and apps do with an outbox besides sending and relaying: look, cancel, reschedule, retry.
 
-Apart from :mod:`sql.outbox` (the rows written in a business transaction, and the relay's
+Apart from :mod:`estafeta_sql.outbox` (the rows written in a business transaction, and the relay's
 claim, publish bookkeeping and delete): these read what waits in an outbox (scheduled
 rows, failed rows, counts) for the CLI, the console and the metrics, and change rows not
 yet published (cancel or reschedule a scheduled message, retry failed rows), each on the

@@ -180,7 +180,7 @@ class Database:
         from, named when the server refuses it.
         """
         #: What every connection to this database uses: ``dsn`` with estafeta's timeouts
-        #: for a silent network (:mod:`sql.liveness`) where it sets none of its own.
+        #: for a silent network (:mod:`estafeta_sql.liveness`) where it sets none of its own.
         self.dsn = with_liveness(dsn)
         self.description = describe_dsn(dsn)
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -275,7 +275,7 @@ class Database:
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """One connection outside any pool (for LISTEN, migrations and tests), with :mod:`sql.liveness`'s timeouts."""
+    """One connection outside any pool (LISTEN, migrations, tests), with :mod:`estafeta_sql.liveness`'s timeouts."""
     with translate_errors(describe_dsn(dsn), dsn=dsn):
         return psycopg.connect(with_liveness(dsn), autocommit=autocommit)
 

@@ -1,6 +1,6 @@
 """What operators ask of a saga table: lists, filtered pages, counts per status, stalls, latency, outcomes.
 
-Apart from :mod:`sql.sagas` (the table, its rows and the reads the orchestrator and the
+Apart from :mod:`estafeta_sql.sagas` (the table, its rows and the reads the orchestrator and the
 watchdog act on): these serve the CLI, the console, the metrics and the demo, read only,
 on the caller's connection.
 """

@@ -1,6 +1,6 @@
 """Writes to a saga table and its log: a new saga, its transitions, re-sends, errors, and log retention.
 
-Apart from :mod:`sql.sagas` (the table, its rows and the reads of the orchestrator and the
+Apart from :mod:`estafeta_sql.sagas` (the table, its rows and the reads of the orchestrator and the
 watchdog): every function here changes rows, on the caller's connection and inside the
 caller's transaction, so a transition commits or rolls back with the commands it sends. A
 change to a row read under its lock checks the row's version and raises if it moved.

@@ -2,9 +2,9 @@
 
 Every function runs on the caller's connection, inside the caller's transaction (the
 orchestrator's step, the watchdog's or an operator's). The writes (a new saga, its
-transitions, its log) are in :mod:`sql.saga_writes`, so that a transition commits or
+transitions, its log) are in :mod:`estafeta_sql.saga_writes`, so that a transition commits or
 rolls back with the commands it sends; what operators list and count is in
-:mod:`sql.saga_reports`.
+:mod:`estafeta_sql.saga_reports`.
 """
 
 from __future__ import annotations

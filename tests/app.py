@@ -6,8 +6,8 @@ the broker of the ``ESTAFETA_*`` settings; tests bind :data:`app` to fresh StubB
 
 from __future__ import annotations
 
-from actors.app import app as order_system
 from estafeta import App
+from estafeta_actors.app import app as order_system
 
 from . import lock_steps, probe_sagas, steps
 from .probe import SERVICE as probe

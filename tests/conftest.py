@@ -12,16 +12,16 @@ import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from brokers.outboxes import Outbox
-from brokers.publish import EnqueuePublisher
-from brokers.relay import Relay, RelayConfig
 from estafeta import App, Runtime, Service, Settings
 from estafeta.testing import TEST_SETTINGS
+from estafeta_brokers.outboxes import Outbox
+from estafeta_brokers.publish import EnqueuePublisher
+from estafeta_brokers.relay import Relay, RelayConfig
+from estafeta_sql.scratch import wipe
 from examples.booking import app as booking_app
 from examples.loyalty.service import app as loyalty_app
 from examples.shelf import app as shelf_app
 from examples.welcome.flow import app as welcome_app
-from sql.scratch import wipe
 
 from .app import app as tests_app
 from .kafka_server import kafka_base_url, kafka_url, tansu_node  # noqa: F401  (Kafka fixtures, on Tansu)

@@ -16,7 +16,7 @@ import dramatiq
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from brokers.kafka_config import parse_kafka_url
+from estafeta_brokers.kafka_config import parse_kafka_url
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ from typing import Any
 import dramatiq
 import psycopg
 
-from sql import outbox as store
+from estafeta_sql import outbox as store
 
 #: The service whose outbox the relay tests fill, and a queue no worker serves.
 SCHEMA = "pingpong"

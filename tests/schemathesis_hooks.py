@@ -14,7 +14,7 @@ from typing import Any
 
 import schemathesis
 
-from console.server.web import KEY_PATTERN
+from estafeta_console.server.web import KEY_PATTERN
 
 _KEY = re.compile(KEY_PATTERN)
 

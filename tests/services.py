@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from sql import scratch
+from estafeta_sql import scratch
 
 for _var, _default in (
     ("PGHOST", "127.0.0.1"),

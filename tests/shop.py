@@ -10,13 +10,13 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
-from actors import inventory, payments
-from actors.order_saga import ORDER_SAGA, PlacedOrder, place_order
-from brokers.publish import to_message
 from estafeta import Runtime, deliver
-from sql import sagas
-from sql.outbox import OutboxRow
-from sql.sagas import SagaRow
+from estafeta_actors import inventory, payments
+from estafeta_actors.order_saga import ORDER_SAGA, PlacedOrder, place_order
+from estafeta_brokers.publish import to_message
+from estafeta_sql import sagas
+from estafeta_sql.outbox import OutboxRow
+from estafeta_sql.sagas import SagaRow
 from tests.app import STEPS
 from tests.app import app as tests_app
 

@@ -14,9 +14,9 @@ from typing import Any
 import attrs
 import psycopg
 
-from actors.pingpong import Pong
 from estafeta import BusinessFailure, StepContext, cancel
-from sql.plan import Fetch, Statement
+from estafeta_actors.pingpong import Pong
+from estafeta_sql.plan import Fetch, Statement
 
 from .probe import SERVICE
 

@@ -16,8 +16,8 @@ from estafeta import ConcurrencyConflict, HttpResponse, IdempotentRequest, Runti
 from estafeta import NoTransaction as EstafetaNoTransaction
 from estafeta.sqlalchemy import NoTransaction, UnsupportedDriver
 from estafeta.sqlalchemy import asyncio as es
+from estafeta_sql.plan import run_async
 from examples.shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
-from sql.plan import run_async
 
 from .helpers import scalar, wait_until
 from .test_sqlalchemy import counts, engine_url
@@ -284,7 +284,7 @@ def test_many_requests_on_one_loop_go_on_while_one_waits_for_the_database(
 def test_a_saga_with_a_sync_hook_is_refused_from_async_code_before_anything_is_written(
     database_url: str, runtime: Runtime, conn
 ) -> None:
-    from actors.order_saga import ORDER_SAGA, OrderData
+    from estafeta_actors.order_saga import ORDER_SAGA, OrderData
 
     async def main() -> None:
         async with await psycopg.AsyncConnection.connect(database_url) as aconn, aconn.transaction():

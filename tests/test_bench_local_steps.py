@@ -14,9 +14,9 @@ import random
 import psycopg
 import pytest
 
-from actors.order_saga import ORDER_SAGA, place_order, reconcile
 from bench.sagas import _migrate, no_history_harness, process_harness
-from cli.seed import plan_orders, seed_services
+from estafeta_actors.order_saga import ORDER_SAGA, place_order, reconcile
+from estafeta_cli.seed import plan_orders, seed_services
 
 from .helpers import scalar, wait_until
 from .services import RUN_ID, rabbitmq_vhost, scratch_database

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from actors import ledger, payments
 from bench.sagas import _migrate
-from cli.seed import plan_orders
 from estafeta import Runtime, Settings
+from estafeta_actors import ledger, payments
+from estafeta_cli.seed import plan_orders
 
 from .services import admin_dsn, require, scratch_database
 

@@ -12,10 +12,10 @@ import random
 import psycopg
 import pytest
 
-from actors.order_history import record_transition
-from actors.order_saga import ORDER_SAGA, place_order
 from bench.sagas import _migrate, no_history_harness
-from cli.seed import plan_orders, seed_services
+from estafeta_actors.order_history import record_transition
+from estafeta_actors.order_saga import ORDER_SAGA, place_order
+from estafeta_cli.seed import plan_orders, seed_services
 
 from .helpers import scalar, wait_until
 from .services import RUN_ID, rabbitmq_vhost, scratch_database

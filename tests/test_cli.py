@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from cli import main as cli_main
+from estafeta_cli import main as cli_main
 
 from .integration.processes import ROOT, service_env
 
@@ -37,7 +37,7 @@ def test_every_command_has_help(path: tuple[str, ...]) -> None:
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "estafeta_cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
 
 

@@ -16,7 +16,7 @@ from .integration.processes import ROOT, service_env
 
 def run(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", "--app", "examples.booking", "sagas", "start", *args],
+        [sys.executable, "-m", "estafeta_cli", "--app", "examples.booking", "sagas", "start", *args],
         cwd=ROOT, env=service_env(database_url, "stub://"), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 

@@ -17,13 +17,13 @@ import click
 import psycopg
 import pytest
 
-from actors.order_events import STORE
-from actors.order_history import OrderSummary
-from actors.order_saga import ORDER_SAGA
-from cli.tables import table_lines, when
 from estafeta import Projector, Runtime, Scheduler
 from estafeta.observability.heartbeats import Heartbeat, Kind, Role
-from sql import sagas
+from estafeta_actors.order_events import STORE
+from estafeta_actors.order_history import OrderSummary
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_cli.tables import table_lines, when
+from estafeta_sql import sagas
 
 from .helpers import scalar
 from .integration.processes import service_env
@@ -144,7 +144,8 @@ def test_the_outbox_commands_print_a_header_and_utc_dates(env: dict[str, str], c
     message_id = uuid.uuid4()
     conn.execute(
         "INSERT INTO pingpong.outbox (message_id, queue_name, actor_name, message_type, message, available_at)"
-        " VALUES (%s, 'pingpong', 'pingpong.ping', 'actors.pingpong.Ping', '{}'::jsonb, now() + interval '1 hour')",
+        " VALUES (%s, 'pingpong', 'pingpong.ping', 'estafeta_actors.pingpong.Ping', '{}'::jsonb,"
+        " now() + interval '1 hour')",
         (message_id,),
     )
     due, written = conn.execute("SELECT available_at, created_at FROM pingpong.outbox").fetchone()
@@ -154,11 +155,11 @@ def test_the_outbox_commands_print_a_header_and_utc_dates(env: dict[str, str], c
 
     header, rows = table(ok(env, "outbox", "stats", "--by-type"), "SERVICE")
     assert header == ["SERVICE", "TYPE", "PENDING", "FAILED", "OLDEST"]
-    assert rows == [["pingpong", "actors.pingpong.Ping", "1", "0", utc(written)]]
+    assert rows == [["pingpong", "estafeta_actors.pingpong.Ping", "1", "0", utc(written)]]
 
     header, rows = table(ok(env, "outbox", "scheduled"), "DUE")
     assert header == ["DUE", "SERVICE", "MESSAGE ID", "TYPE"]
-    assert rows == [[utc(due), "pingpong", str(message_id), "actors.pingpong.Ping"]]
+    assert rows == [[utc(due), "pingpong", str(message_id), "estafeta_actors.pingpong.Ping"]]
 
     letter = park(conn, "payments.charge_payment", {})
     parked = scalar(conn, "SELECT created_at FROM payments.dead_letters WHERE id = %s", letter)

@@ -14,15 +14,15 @@ import psycopg.errors
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from actors import pingpong
-from brokers.metrics import ClockCollector
-from brokers.outboxes import Outbox
-from brokers.relay import Relay
 from estafeta import Clock, Runtime, running
 from estafeta.app.clock import warn_if_moved
-from sql import clock as sql_clock
-from sql import idempotency, inbox, queries
-from sql import outbox as store
+from estafeta_actors import pingpong
+from estafeta_brokers.metrics import ClockCollector
+from estafeta_brokers.outboxes import Outbox
+from estafeta_brokers.relay import Relay
+from estafeta_sql import clock as sql_clock
+from estafeta_sql import idempotency, inbox, queries
+from estafeta_sql import outbox as store
 
 from .app import app as tests_app
 from .conftest import make_relay

@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from actors.app import app as order_system
-from console import charts as console_charts
-from console.charts import Axis, BadWindow, parse_window
-from console.server.web import WebOptions, create_app
 from estafeta import Runtime
+from estafeta_actors.app import app as order_system
+from estafeta_console import charts as console_charts
+from estafeta_console.charts import Axis, BadWindow, parse_window
+from estafeta_console.server.web import WebOptions, create_app
 
 SVG = "{http://www.w3.org/2000/svg}"
 

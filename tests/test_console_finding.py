@@ -21,9 +21,9 @@ import pytest
 from fastapi.testclient import TestClient
 from psycopg.types.json import Jsonb
 
-from actors.app import app as order_system
-from console.server.web import WebOptions, create_app
 from estafeta import Runtime
+from estafeta_actors.app import app as order_system
+from estafeta_console.server.web import WebOptions, create_app
 
 from .integration.processes import service_env
 from .shop import Courier, place, seed

@@ -13,11 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from psycopg.types.json import Jsonb
 
-from actors.app import app as order_system
-from actors.order_saga import ORDER_SAGA
-from console.server.web import WebOptions, create_app
 from estafeta import Runtime
-from sql import saga_reports
+from estafeta_actors.app import app as order_system
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_console.server.web import WebOptions, create_app
+from estafeta_sql import saga_reports
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 STEPS = ["charge_payment", "reserve_inventory", "confirm_order", "notify_customer"]

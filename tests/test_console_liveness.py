@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from actors.app import app as order_system
-from console.server.web import WebOptions, create_app
 from estafeta import Runtime
 from estafeta.observability.heartbeats import Heartbeat, Kind, Role
-from sql import clock
+from estafeta_actors.app import app as order_system
+from estafeta_console.server.web import WebOptions, create_app
+from estafeta_sql import clock
 
 
 @pytest.fixture

@@ -17,16 +17,16 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-from actors.app import app as order_system
-from actors.order_events import STORE, stream_id
-from actors.order_history import OrderSummary
-from actors.order_saga import ORDER_SAGA
-from console import saga_labels
-from console.data import overview as console_data
-from console.server.web import WebOptions, create_app
 from estafeta import Projector, Runtime
 from estafeta.events.projection_ops import observe_batch
-from sql import projection_store
+from estafeta_actors.app import app as order_system
+from estafeta_actors.order_events import STORE, stream_id
+from estafeta_actors.order_history import OrderSummary
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_console import saga_labels
+from estafeta_console.data import overview as console_data
+from estafeta_console.server.web import WebOptions, create_app
+from estafeta_sql import projection_store
 
 from .integration.processes import service_env
 from .shop import Courier, place, seed
@@ -162,7 +162,7 @@ def test_the_event_browser_shows_a_stream_as_of_a_version_or_a_time_and_refuses_
 
 
 def test_scheduled_messages_are_listed_soonest_first(console: TestClient, runtime: Runtime) -> None:
-    from actors.payments import ChargePayment
+    from estafeta_actors.payments import ChargePayment
 
     later, sooner = (datetime.now(UTC) + timedelta(hours=h) for h in (5, 2))
     ids = []

@@ -10,13 +10,13 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from actors.order_saga import ORDER_SAGA
-from brokers.publish import to_message
 from estafeta import Clock, Runtime, Settings, Watchdog, deliver
 from estafeta.operations.dead_letter_causes import normalise
 from estafeta.operations.dead_letter_replay import replay
 from estafeta.operations.dead_letters import groups, list_dead_letters, show
 from estafeta.testing import VirtualClock
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_brokers.publish import to_message
 from tests.app import STEPS
 from tests.app import app as tests_app
 

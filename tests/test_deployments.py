@@ -11,14 +11,14 @@ import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from brokers.batches import encode
-from brokers.deployments import DEPLOYMENT_OPTION
-from brokers.publish import to_message
 from estafeta import Runtime, Settings, build_relay
 from estafeta.app.deployment import deployment_name
 from estafeta.app.errors import SettingsError
-from sql import outbox as store
-from sql import scratch
+from estafeta_brokers.batches import encode
+from estafeta_brokers.deployments import DEPLOYMENT_OPTION
+from estafeta_brokers.publish import to_message
+from estafeta_sql import outbox as store
+from estafeta_sql import scratch
 
 from .helpers import message_for, scalar
 from .lock_steps import open_account
@@ -98,7 +98,7 @@ def test_the_relay_names_its_deployment_in_every_message_it_publishes(runtime: R
 
 def test_the_batched_publishers_encode_the_stamped_options_as_enqueue_does(runtime: Runtime) -> None:
     row = store.OutboxRow(1, uuid.uuid4(), "probe", SETTLE, {"args": [{}], "options": {}}, None, None, _now(), 0)
-    from brokers.deployments import stamp
+    from estafeta_brokers.deployments import stamp
 
     stamp([row], lambda: "shop~1234abcd")
     assert encode(row) == to_message(row).encode()

@@ -12,8 +12,8 @@ import pytest
 from estafeta import App, Runtime, Service, Settings, StepContext
 from estafeta.steps.delivery import deliver
 from estafeta.steps.outcome import Outcome
+from estafeta_sql import inbox
 from examples.shelf import ItemAdded, Restock
-from sql import inbox
 
 from .conftest import TEST_SETTINGS
 from .helpers import message_for, scalar, wait_until

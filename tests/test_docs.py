@@ -108,7 +108,7 @@ def test_the_version_has_one_source() -> None:
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "estafeta.__version__"}
     assert f"## [{__version__}]" in (ROOT / "CHANGELOG.md").read_text()
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "--version"], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-m", "estafeta_cli", "--version"], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"estafeta {__version__}"

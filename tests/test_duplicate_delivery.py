@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from estafeta import Runtime, deliver
-from sql.errors import LockNotAcquired
+from estafeta_sql.errors import LockNotAcquired
 
 from .helpers import as_rabbitmq_delivers, message_for, scalar, wait_until
 from .lock_steps import Charge, charges, open_account

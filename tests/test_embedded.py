@@ -11,7 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_START = "import sys; from pathlib import Path; from sql import embedded; print(embedded.start(Path(sys.argv[1])))"
+_START = (
+    "import sys; from pathlib import Path; from estafeta_sql import embedded; print(embedded.start(Path(sys.argv[1])))"
+)
 
 
 def _start(data: Path) -> subprocess.CompletedProcess[str]:

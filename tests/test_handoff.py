@@ -20,18 +20,18 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 from prometheus_client import REGISTRY
 
-from actors import pingpong
-from actors.order_saga import ORDER_SAGA, reconcile
-from brokers.relay import Relay
-from cli.demo_harness import DuplicatingPublisher
-from cli.seed import plan_orders
 from estafeta import Runtime, Settings, Watchdog
 from estafeta.app.clock import Clock
 from estafeta.messaging import handoff as handoff
 from estafeta.steps.delivery import deliver
 from estafeta.steps.outcome import Outcome
 from estafeta.testing import TEST_SETTINGS
-from sql.outbox import WAKE_CHANNEL
+from estafeta_actors import pingpong
+from estafeta_actors.order_saga import ORDER_SAGA, reconcile
+from estafeta_brokers.relay import Relay
+from estafeta_cli.demo_harness import DuplicatingPublisher
+from estafeta_cli.seed import plan_orders
+from estafeta_sql.outbox import WAKE_CHANNEL
 
 from . import steps
 from .app import app as tests_app
@@ -89,7 +89,7 @@ def test_a_pong_goes_straight_to_its_step_and_no_relay_publishes_it(
 def test_a_worker_consuming_some_queues_hands_off_only_to_their_steps(
     handing: Runtime, handing_broker: StubBroker, conn
 ) -> None:
-    # As `dramatiq actors --queues payments` starts it: every step is declared in the process,
+    # As `dramatiq estafeta_actors --queues payments` starts it: every step is declared in the process,
     # but the orchestrator's steps are for the workers that consume the orders queue.
     worker = dramatiq.Worker(handing_broker, worker_timeout=50, worker_threads=2, queues={"payments"})
     worker.start()

@@ -16,9 +16,9 @@ from estafeta import Runtime
 from estafeta.observability.heartbeats import Heartbeat, Kind, Role, WorkerHeartbeat, worker_roles
 from estafeta.observability.liveness import Condition, ServiceSpec, read_liveness
 from estafeta.observability.liveness_metrics import LivenessCollector
-from sql import clock, heartbeats
-from sql.heartbeats import MISSED_BEATS
-from sql.queries import parse, query
+from estafeta_sql import clock, heartbeats
+from estafeta_sql.heartbeats import MISSED_BEATS
+from estafeta_sql.queries import parse, query
 
 from .helpers import wait_until
 from .test_migrations import _assert_prepares
@@ -151,7 +151,7 @@ def test_a_worker_process_beats_its_queues_and_removes_its_rows_at_shutdown(runt
 
 
 def test_one_unreachable_database_costs_only_its_own_service(runtime: Runtime, conn) -> None:
-    from sql.pool import Database
+    from estafeta_sql.pool import Database
 
     dead = Database("postgresql://127.0.0.1:1/nothing?connect_timeout=1", timeout=1)
     try:
@@ -186,7 +186,7 @@ def test_the_gauges_say_what_the_conditions_say(runtime: Runtime, conn) -> None:
 
 
 def test_status_prints_a_header_the_rows_and_what_nobody_serves_in_red(runtime: Runtime, conn) -> None:
-    from cli.status import render
+    from estafeta_cli.status import render
 
     _write_pending_row(conn)
     Heartbeat([Role(Kind.RELAY, {SERVICE: [SERVICE]})], runtime.database, interval=1).beat_once()
@@ -218,7 +218,7 @@ def test_a_worker_process_of_an_app_with_schedules_and_projections_beats_as_sche
 ) -> None:
     from types import SimpleNamespace
 
-    from actors.app import app as order_system
+    from estafeta_actors.app import app as order_system
     from tests.ticker import app as ticker
 
     broker = StubBroker()

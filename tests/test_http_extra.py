@@ -22,9 +22,9 @@ def _python(code: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 def test_estafeta_and_the_order_system_import_without_the_http_extra() -> None:
     run = _python(
-        "import estafeta, cli.main\n"
-        "from actors.app import app\n"
-        "from actors.orders import IDEMPOTENCY\n"
+        "import estafeta, estafeta_cli.main\n"
+        "from estafeta_actors.app import app\n"
+        "from estafeta_actors.orders import IDEMPOTENCY\n"
         "print(IDEMPOTENCY.ttl, 'idempotency_keys' in str(app.service('orders').migrations()))"
     )
     assert run.returncode == 0, run.stderr
@@ -32,7 +32,7 @@ def test_estafeta_and_the_order_system_import_without_the_http_extra() -> None:
 
 
 def test_serve_without_the_http_extra_is_one_line_and_exit_code_2() -> None:
-    run = _python("from cli.main import main\nmain(['serve'])")
+    run = _python("from estafeta_cli.main import main\nmain(['serve'])")
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip().splitlines() == [
         "estafeta serve: needs fastapi, uvicorn, jinja2: pip install 'estafeta[http]'"
@@ -42,7 +42,7 @@ def test_serve_without_the_http_extra_is_one_line_and_exit_code_2() -> None:
 def test_serve_refuses_an_unmigrated_database() -> None:
     with scratch_database() as dsn:
         run = subprocess.run(
-            [sys.executable, "-m", "cli", "serve"],
+            [sys.executable, "-m", "estafeta_cli", "serve"],
             cwd=ROOT, env=service_env(dsn, "stub://"), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert run.returncode == 1

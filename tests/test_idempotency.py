@@ -11,7 +11,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from actors import orders
 from estafeta import (
     HttpResponse,
     Idempotency,
@@ -25,7 +24,8 @@ from estafeta import (
     StatementFailed,
     parse_idempotency_key,
 )
-from sql import idempotency as store
+from estafeta_actors import orders
+from estafeta_sql import idempotency as store
 
 from .helpers import scalar
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from brokers import check_url, redact_url
-from brokers.kafka_config import parse_kafka_url
+from estafeta_brokers import check_url, redact_url
+from estafeta_brokers.kafka_config import parse_kafka_url
 
 
 def test_defaults_name_topics_and_groups_after_the_queue() -> None:

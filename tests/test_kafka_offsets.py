@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brokers.kafka_offsets import PartitionOffsets
+from estafeta_brokers.kafka_offsets import PartitionOffsets
 
 
 def test_commit_stops_at_the_lowest_unfinished_offset() -> None:

@@ -15,13 +15,13 @@ import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
-from brokers import broker_from_url
-from brokers.kafka import KafkaBroker, KafkaUnreachable
-from brokers.kafka_config import parse_kafka_url
-from brokers.kafka_publish import KafkaPublisher, _Batch
-from brokers.kafka_topics import is_unreachable
-from brokers.publish import publisher_for, to_message
-from sql.outbox import OutboxRow
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.kafka import KafkaBroker, KafkaUnreachable
+from estafeta_brokers.kafka_config import parse_kafka_url
+from estafeta_brokers.kafka_publish import KafkaPublisher, _Batch
+from estafeta_brokers.kafka_topics import is_unreachable
+from estafeta_brokers.publish import publisher_for, to_message
+from estafeta_sql.outbox import OutboxRow
 
 from .integration.relay_faults import blackhole
 from .kafka_server import with_topic_prefix

@@ -27,7 +27,9 @@ for name in modules:
 print(json.dumps({
     "modules": modules,
     "broker": repr(dramatiq.broker.global_broker),
-    "apps": sorted(name for name in sys.modules if name.split(".")[0] in ("actors", "cli", "examples")),
+    "apps": sorted(
+        name for name in sys.modules if name.split(".")[0] in ("estafeta_actors", "estafeta_cli", "examples")
+    ),
 }))
 """
 
@@ -50,7 +52,7 @@ def test_importing_every_module_of_estafeta_sets_no_broker_and_reads_no_environm
 def test_the_runtime_and_the_async_api_import_no_framework() -> None:
     # The extras stay optional: an app that never imports estafeta.sqlalchemy needs no SQLAlchemy.
     code = (
-        "import sys, estafeta, estafeta.aio, cli.main, actors.app, brokers.relay;"
+        "import sys, estafeta, estafeta.aio, estafeta_cli.main, estafeta_actors.app, estafeta_brokers.relay;"
         " print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'django')))"
     )
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
@@ -89,7 +91,7 @@ PUBLIC_SUBMODULES = {
 }
 
 
-@pytest.mark.parametrize("package", ["actors", "examples"])
+@pytest.mark.parametrize("package", ["estafeta_actors", "examples"])
 def test_apps_are_built_on_the_public_api_only(package: str) -> None:
     private = {
         f"{path.relative_to(ROOT)}: {module}"
@@ -119,7 +121,8 @@ def test_running_an_example_creates_only_its_own_schemas_and_declares_only_its_o
         assert _schemas(dsn) == {"customers", "bonus", "mailer"}
         probe = (
             "import sys, dramatiq, examples.welcome\n"
-            "print(sorted(dramatiq.get_broker().actors)); print(sorted(m for m in sys.modules if m == 'actors'))"
+            "print(sorted(dramatiq.get_broker().actors))\n"
+            "print(sorted(m for m in sys.modules if m == 'estafeta_actors'))"
         )
         declared = subprocess.run(
             [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
@@ -145,8 +148,8 @@ def test_the_cli_runs_on_an_example_app_and_keeps_order_commands_for_the_order_s
         )
         assert refused.returncode == 2
         assert refused.stderr.strip() == (
-            "estafeta orders status: `estafeta orders status` belongs to estafeta's order system (--app actors),"
-            " not to --app examples.welcome"
+            "estafeta orders status: `estafeta orders status` belongs to estafeta's order system"
+            " (--app estafeta_actors), not to --app examples.welcome"
         )
 
 

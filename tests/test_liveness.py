@@ -11,11 +11,11 @@ import pika
 import pytest
 from psycopg import conninfo
 
-from brokers import broker_from_url
-from brokers.liveness import AMQP_DEFAULTS, REDIS_DEFAULTS, with_liveness
-from sql.liveness import LIVENESS_DEFAULTS
-from sql.liveness import with_liveness as dsn_with_liveness
-from sql.pool import Database
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.liveness import AMQP_DEFAULTS, REDIS_DEFAULTS, with_liveness
+from estafeta_sql.liveness import LIVENESS_DEFAULTS
+from estafeta_sql.liveness import with_liveness as dsn_with_liveness
+from estafeta_sql.pool import Database
 
 
 def test_a_dsn_gets_every_default_it_lacks_and_keeps_its_own_values() -> None:

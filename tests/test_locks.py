@@ -1,6 +1,6 @@
 """The lock contract, run against every backend (PostgreSQL advisory locks, Redis leases).
 
-Real PostgreSQL and Redis; steps run through :func:`actors.step.deliver` in threads, or
+Real PostgreSQL and Redis; steps run through :func:`estafeta_actors.step.deliver` in threads, or
 through a StubBroker worker where retries matter.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 
 from estafeta import Runtime, Settings, StepSpec, deliver
-from sql.errors import LockNotAcquired
+from estafeta_sql.errors import LockNotAcquired
 
 from .app import STEPS
 from .app import app as tests_app

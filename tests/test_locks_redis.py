@@ -20,8 +20,8 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 
 from estafeta import LockLost, LockServerUnavailable, RedisLock, Redlock, Runtime, deliver, redis_lock
-from sql import fences
-from sql.errors import LockNotAcquired
+from estafeta_sql import fences
+from estafeta_sql.errors import LockNotAcquired
 from tests.app import STEPS
 from tests.app import app as tests_app
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from actors.order_saga import ORDER_SAGA
-from actors.pingpong import Pong
-from brokers.outboxes import Outbox
 from estafeta import Clock, Outcome, Runtime, Watchdog, deliver
 from estafeta.observability.table_metrics import SagaKind, TablesCollector
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_actors.pingpong import Pong
+from estafeta_brokers.outboxes import Outbox
 
 from .app import STEPS
 from .helpers import message_for

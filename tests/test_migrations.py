@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from psycopg import pq, sql
 
-from actors.app import app as order_system
 from estafeta import Runtime, Settings
-from sql import migrate, queries, sagas
+from estafeta_actors.app import app as order_system
+from estafeta_sql import migrate, queries, sagas
 
 from .conftest import all_services
 from .integration.processes import ROOT, service_env
@@ -105,7 +105,7 @@ def test_services_can_live_in_separate_databases() -> None:
 
 def _estafeta(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "estafeta_cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""``sql.pool.notifications``: what a LISTENing connection received, waited for in select() (real PostgreSQL).
+"""``estafeta_sql.pool.notifications``: what a LISTENing connection received, waited for in select() (real PostgreSQL).
 
 The wait itself is why it exists (psycopg's timed wait spins through its last millisecond:
 ``bench.relay_idle`` shows the relay's idle CPU); these tests hold what it must still do:
@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sql.pool import notifications
+from estafeta_sql.pool import notifications
 
 
 @pytest.fixture

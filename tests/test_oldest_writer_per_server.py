@@ -13,9 +13,9 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
-from actors import order_events, payments
 from estafeta import Projection, Projector
 from estafeta.events.projection_ops import refresh_lag
+from estafeta_actors import order_events, payments
 
 from .integration.processes import estafeta, service_env
 from .pg_servers import private_postgres

@@ -48,6 +48,8 @@ def family(name: str, families: frozenset[str]) -> str | None:
 NOT_METRICS = {"estafeta_events", "estafeta_outbox"}
 #: The pytest plugin's fixture and ini option names (estafeta.testing), not metrics either.
 NOT_METRICS |= {"estafeta_app", "estafeta_declared_app", "estafeta_runtime", "estafeta_database_url"}
+#: The names the folders are installed under (estafeta_sql for sql/ ...), not metrics.
+NOT_METRICS |= {"estafeta_actors", "estafeta_brokers", "estafeta_cli", "estafeta_console", "estafeta_sql"}
 
 
 def named_in(text: str) -> set[str]:

@@ -11,14 +11,14 @@ import attrs
 import psycopg
 import pytest
 
-from actors import order_history
-from actors.order_events import STORE, PaymentCharged, stream_id
-from actors.order_history import OrderSummary, OrderView, record_transition
-from actors.order_saga import ORDER_SAGA, OrderData, reconcile
 from estafeta import Clock, Projector, Runtime, SagaTransition, Watchdog, from_json
 from estafeta.events.projection_ops import rebuild
 from estafeta.testing import VirtualClock
-from sql import event_store
+from estafeta_actors import order_history
+from estafeta_actors.order_events import STORE, PaymentCharged, stream_id
+from estafeta_actors.order_history import OrderSummary, OrderView, record_transition
+from estafeta_actors.order_saga import ORDER_SAGA, OrderData, reconcile
+from estafeta_sql import event_store
 
 from .helpers import scalar
 from .shop import Courier, place, saga, seed

@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from actors import orders
-from actors.order_events import STORE
-from actors.order_history import OrderSummary
 from estafeta import Projector, Runtime
+from estafeta_actors import orders
+from estafeta_actors.order_events import STORE
+from estafeta_actors.order_history import OrderSummary
 
 from .helpers import scalar
 from .integration.processes import service_env

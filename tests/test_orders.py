@@ -7,13 +7,13 @@ import uuid
 
 import pytest
 
-from actors import payments
-from actors.inventory import ReleaseStock, ReserveStock
-from actors.notifications import NotifyCustomer
-from actors.order_saga import IdempotencyConflict, place_order
-from actors.orders import CancelOrder, ConfirmOrder
-from actors.payments import AccountGone, ChargePayment, RefundPayment
 from estafeta import Runtime, deliver
+from estafeta_actors import payments
+from estafeta_actors.inventory import ReleaseStock, ReserveStock
+from estafeta_actors.notifications import NotifyCustomer
+from estafeta_actors.order_saga import IdempotencyConflict, place_order
+from estafeta_actors.orders import CancelOrder, ConfirmOrder
+from estafeta_actors.payments import AccountGone, ChargePayment, RefundPayment
 from tests.app import STEPS
 
 from .helpers import message_for, scalar

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from actors.payments import ChargePayment
-from brokers.publish import to_message
 from estafeta import Reply, Runtime, deliver
+from estafeta_actors.payments import ChargePayment
+from estafeta_brokers.publish import to_message
+from estafeta_sql import outbox as store
 from examples.welcome.flow import BonusActivated, CustomerRegistered, activate_welcome_bonus, register_customer
-from sql import outbox as store
 
 from .integration.processes import service_env
 from .shop import Courier, place, seed

@@ -18,11 +18,11 @@ import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from actors import ledger, payments
-from actors.ledger import Account, LedgerRefusal, stream_of
-from actors.payments import ChargePayment, RefundPayment
 from estafeta import ConcurrencyConflict, Repository, Runtime, Settings, deliver
-from sql import migrate
+from estafeta_actors import ledger, payments
+from estafeta_actors.ledger import Account, LedgerRefusal, stream_of
+from estafeta_actors.payments import ChargePayment, RefundPayment
+from estafeta_sql import migrate
 from tests.app import STEPS
 
 from .helpers import message_for, scalar, wait_until

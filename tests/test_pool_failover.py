@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from sql.errors import DatabaseUnavailable
-from sql.pool import Database
+from estafeta_sql.errors import DatabaseUnavailable
+from estafeta_sql.pool import Database
 
 from .pg_servers import failover_dsn, private_postgres
 

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from brokers.relay import Relay
 from estafeta import Runtime
-from sql import outbox as store
-from sql import outbox_admin
+from estafeta_brokers.relay import Relay
+from estafeta_sql import outbox as store
+from estafeta_sql import outbox_admin
 
 from .conftest import make_relay
 from .helpers import scalar, wait_until
@@ -290,7 +290,7 @@ def test_retry_puts_a_failed_row_back_and_counts_from_zero(conn, runtime, stub_b
 def test_metrics_count_batches_and_read_the_outbox_when_scraped(conn, runtime, stub_broker, queue) -> None:
     from prometheus_client import REGISTRY
 
-    from brokers import metrics
+    from estafeta_brokers import metrics
 
     def sample(name: str) -> float:
         return REGISTRY.get_sample_value(name, {"service": SCHEMA}) or 0.0

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from psycopg.types.json import Jsonb
 
-from brokers.outboxes import Outbox
-from brokers.publish import EnqueuePublisher, Publisher, PublishOutcome
-from brokers.relay import Relay, RelayConfig
-from sql import outbox as store
-from sql import outbox_admin
-from sql.outbox import OutboxRow
+from estafeta_brokers.outboxes import Outbox
+from estafeta_brokers.publish import EnqueuePublisher, Publisher, PublishOutcome
+from estafeta_brokers.relay import Relay, RelayConfig
+from estafeta_sql import outbox as store
+from estafeta_sql import outbox_admin
+from estafeta_sql.outbox import OutboxRow
 
 from .conftest import make_relay
 from .helpers import scalar, wait_until
@@ -92,7 +92,7 @@ def test_an_unexpected_error_in_a_lane_is_logged_and_the_lane_carries_on(
         add(conn, "k", seq)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
-    with caplog.at_level(logging.ERROR, logger="brokers.relay"):
+    with caplog.at_level(logging.ERROR, logger="estafeta_brokers.relay"):
         thread.start()
         try:
             # The failed batch rolled back: its rows are claimed again once the lane has backed off.

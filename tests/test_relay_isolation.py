@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from brokers.relay import Relay
-from sql import outbox as store
+from estafeta_brokers.relay import Relay
+from estafeta_sql import outbox as store
 
 from .conftest import make_relay
 from .helpers import scalar, wait_until

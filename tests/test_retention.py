@@ -17,10 +17,10 @@ import pytest
 from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
 
-from actors.pingpong import Ping
 from estafeta import Runtime, Settings, SettingsError, StaleFencingToken, deliver
 from estafeta.operations.retention import Retention, prune
-from sql import fences
+from estafeta_actors.pingpong import Ping
+from estafeta_sql import fences
 from tests.app import STEPS
 from tests.app import app as tests_app
 

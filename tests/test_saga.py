@@ -9,12 +9,12 @@ from datetime import timedelta
 import attrs
 import pytest
 
-from actors import order_events, order_history
-from actors.order_saga import ORDER_SAGA
 from estafeta import Clock, Reply, Runtime, Saga, SagaError, SagaStep, Service, Watchdog
 from estafeta.sagas.saga_metrics import REPLIES
 from estafeta.testing import VirtualClock
-from sql import sagas
+from estafeta_actors import order_events, order_history
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_sql import sagas
 
 from .app import app as tests_app
 from .helpers import message_for, scalar
@@ -104,7 +104,7 @@ def test_an_order_completes_with_every_step_once(runtime: Runtime, conn, courier
 
 
 def test_placing_an_order_is_one_transaction(runtime: Runtime, conn) -> None:
-    from actors.order_saga import place_order
+    from estafeta_actors.order_saga import place_order
 
     with pytest.raises(RuntimeError), runtime.database("orders").transaction() as tx:
         place_order(tx, customer_id="c1", sku="s1", quantity=1, amount_cents=100)
@@ -218,7 +218,7 @@ def courier_row(message):  # type: ignore[no-untyped-def]
     """An outbox row carrying ``message`` (as if a participant had written it)."""
     from datetime import UTC, datetime
 
-    from sql.outbox import OutboxRow
+    from estafeta_sql.outbox import OutboxRow
 
     return OutboxRow(
         id=0,

@@ -7,10 +7,10 @@ import uuid
 import attrs
 import pytest
 
-from brokers.publish import to_message
 from estafeta import Runtime, Saga, SagaStep, Service, deliver
-from sql import sagas
-from sql.outbox import OutboxRow
+from estafeta_brokers.publish import to_message
+from estafeta_sql import sagas
+from estafeta_sql.outbox import OutboxRow
 
 from .probe import SERVICE
 from .probe_sagas import LOAN, TYPO, Loan, LoanStep

@@ -9,10 +9,10 @@ from typing import Any
 
 import attrs
 
-from actors.order_saga import ORDER_SAGA
-from console import saga_diagram
 from estafeta import NOTHING_TO_UNDO, Saga, SagaStep, Service
-from sql.sagas import LogEntry, SagaRow
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_console import saga_diagram
+from estafeta_sql.sagas import LogEntry, SagaRow
 
 from .probe_sagas import LOAN, Loan
 

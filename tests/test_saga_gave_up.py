@@ -23,13 +23,13 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from actors.app import app as order_system
-from actors.order_saga import ORDER_SAGA
-from console.server.web import WebOptions, create_app
 from estafeta import Clock, Runtime, Watchdog
 from estafeta.observability.table_metrics import SagaKind, TablesCollector
 from estafeta.testing import VirtualClock
-from sql import saga_reports, saga_writes
+from estafeta_actors.app import app as order_system
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_console.server.web import WebOptions, create_app
+from estafeta_sql import saga_reports, saga_writes
 
 from .app import app as tests_app
 from .integration.processes import ROOT, service_env
@@ -54,7 +54,7 @@ def gauge(runtime: Runtime, status: str) -> float:
 def cli(database_url: str, *args: str) -> str:
     """``estafeta ARGS`` on this test's database; its output (it must succeed)."""
     done = subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "estafeta_cli", *args],
         cwd=ROOT,
         env=service_env(database_url, "stub://"),
         capture_output=True,

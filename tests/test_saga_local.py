@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from actors import orders, pingpong
-from actors.order_saga import ORDER_SAGA
-from actors.pingpong import Pong
 from estafeta import Clock, Runtime, StepContext, Watchdog
 from estafeta.messaging import outbox as outbox
 from estafeta.sagas.local_steps import LocalOutcome, run_local, runs_local
 from estafeta.steps.outcome import Outcome
 from estafeta.testing import VirtualClock
+from estafeta_actors import orders, pingpong
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_actors.pingpong import Pong
 
 from . import steps
 from .app import app as tests_app

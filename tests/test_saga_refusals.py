@@ -16,13 +16,13 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from actors import payments
-from actors.order_saga import ORDER_SAGA
-from actors.payments import ChargePayment
-from brokers.publish import to_message
 from estafeta import Clock, LockNotAcquired, Runtime, Settings, Watchdog, deliver
 from estafeta.testing import VirtualClock
-from sql.outbox import OutboxRow
+from estafeta_actors import payments
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_actors.payments import ChargePayment
+from estafeta_brokers.publish import to_message
+from estafeta_sql.outbox import OutboxRow
 from tests.app import STEPS
 from tests.app import app as tests_app
 

@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from actors import payments
-from actors.order_saga import ORDER_SAGA, reconcile
-from brokers.relay import Relay
-from cli.demo_harness import DuplicatingPublisher
-from cli.seed import plan_orders
 from estafeta import Runtime, Watchdog
-from sql import sagas
+from estafeta_actors import payments
+from estafeta_actors.order_saga import ORDER_SAGA, reconcile
+from estafeta_brokers.relay import Relay
+from estafeta_cli.demo_harness import DuplicatingPublisher
+from estafeta_cli.seed import plan_orders
+from estafeta_sql import sagas
 
 from .conftest import make_relay
 from .helpers import scalar, wait_until

@@ -23,7 +23,7 @@ import pytest
 from estafeta import CatchUp, Overlap, Runtime, Schedule, Scheduler
 from estafeta.schedules.spec import Cron, Every
 from estafeta.testing import AppUnderTest
-from sql import schedule_store
+from estafeta_sql import schedule_store
 
 from .helpers import wait_until
 from .integration.processes import ROOT, service_env

@@ -23,7 +23,7 @@ from dramatiq.brokers.stub import StubBroker
 from psycopg import sql as pgsql
 
 from estafeta import App, Runtime, Scheduler, Service, Settings, StepContext, build_relay
-from sql import schedule_store
+from estafeta_sql import schedule_store
 
 from .helpers import wait_until
 from .tcp_proxy import TcpProxy
@@ -146,7 +146,7 @@ def test_one_database_gone_holds_only_the_schedules_that_need_it(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from console.server.web import WebOptions, create_app
+    from estafeta_console.server.web import WebOptions, create_app
 
     runtime = runtime_far
     broker = StubBroker()

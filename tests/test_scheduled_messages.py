@@ -19,10 +19,6 @@ import psycopg
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from actors.pingpong import SERVICE, Ping
-from brokers.outboxes import Outbox
-from brokers.publish import EnqueuePublisher, PublishOutcome
-from brokers.relay import Relay, RelayConfig
 from estafeta import (
     Clock,
     MessageAlreadyPublished,
@@ -33,7 +29,11 @@ from estafeta import (
     cancel,
     reschedule,
 )
-from sql.outbox import OutboxRow
+from estafeta_actors.pingpong import SERVICE, Ping
+from estafeta_brokers.outboxes import Outbox
+from estafeta_brokers.publish import EnqueuePublisher, PublishOutcome
+from estafeta_brokers.relay import Relay, RelayConfig
+from estafeta_sql.outbox import OutboxRow
 
 from .helpers import scalar
 from .integration.processes import service_env
@@ -198,7 +198,9 @@ def test_the_cli_lists_cancels_and_reschedules_and_refuses_with_exit_2(database_
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert [r["message_id"] for r in rows] == [str(second), str(first)]
-    assert rows[1]["message_type"] == "actors.pingpong.Ping" and rows[1]["available_at"].startswith("2040-01-01")
+    assert rows[1]["message_type"] == "estafeta_actors.pingpong.Ping" and rows[1]["available_at"].startswith(
+        "2040-01-01"
+    )
 
     moved = run(env, "outbox", "reschedule", str(first), "--at", "2039-06-01T10:00:00+02:00")
     assert moved.returncode == 0, moved.stderr

@@ -25,7 +25,7 @@ import pytest
 from estafeta import CatchUp, Overlap, Runtime, Schedule, Scheduler
 from estafeta.schedules.spec import Cron, Every, timing_of
 from estafeta.testing import AppUnderTest, VirtualClock
-from sql import schedule_store
+from estafeta_sql import schedule_store
 
 from .integration.processes import service_env
 from .test_cli import run
@@ -432,7 +432,7 @@ def test_the_console_shows_each_schedule_s_next_and_last_firing_its_last_run_and
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from console.server.web import WebOptions, create_app
+    from estafeta_console.server.web import WebOptions, create_app
 
     clock = only(ticker, "slow", "broken")
     clock.set(datetime(2026, 6, 1, 12, 1, tzinfo=UTC))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from brokers import amqp_urls, redact_url
 from estafeta import Settings, SettingsError
-from sql.pool import describe_dsn
+from estafeta_brokers import amqp_urls, redact_url
+from estafeta_sql.pool import describe_dsn
 
 
 def test_defaults_need_no_configuration() -> None:

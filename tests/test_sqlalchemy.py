@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from estafeta import HttpResponse, IdempotentRequest, Runtime
 from estafeta import sqlalchemy as es
+from estafeta_sql import inbox
 from examples.shelf import Item, ItemAdded, Restock, Stocking, idempotency, shelf, stocking, store
-from sql import inbox
 
 from .helpers import message_for, scalar, wait_until
 

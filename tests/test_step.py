@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from actors.pingpong import Ping
 from estafeta import Runtime, deliver
 from estafeta.steps import transaction as step_tx
 from estafeta.steps.alone import DELIVERIES, Gate
-from sql import inbox
+from estafeta_actors.pingpong import Ping
+from estafeta_sql import inbox
 from tests.app import STEPS
 
 from .events.test_wakeups import Heard

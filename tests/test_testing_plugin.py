@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from actors import pingpong
 from estafeta.testing import AppUnderTest, VirtualClock
+from estafeta_actors import pingpong
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "booking" / "test_timeouts.py"

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from actors import pingpong
-from actors.order_saga import ORDER_SAGA
-from actors.pingpong import Ping
-from cli.orders import _place
 from estafeta import Outcome, Runtime, Watchdog, deliver
 from estafeta.messaging.messages import new_traceparent
 from estafeta.observability import tracing as tracing
+from estafeta_actors import pingpong
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_actors.pingpong import Ping
+from estafeta_cli.orders import _place
 from tests.probe import SERVICE as probe
 
 from . import spans
@@ -225,8 +225,8 @@ WITHOUT_OPENTELEMETRY = """
 import sys, time
 sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
 from dramatiq.brokers.stub import StubBroker
-from actors import pingpong
-from brokers import tracing
+from estafeta_actors import pingpong
+from estafeta_brokers import tracing
 from estafeta import Runtime, Settings, running
 from tests.app import app
 assert not tracing.enabled()

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from psycopg import conninfo
 
-from brokers.outboxes import Outbox
 from estafeta import Runtime
 from estafeta.observability.table_metrics import TablesCollector
-from sql.pool import Database
+from estafeta_brokers.outboxes import Outbox
+from estafeta_sql.pool import Database
 
 Gauges = dict[tuple[str, tuple[str, ...]], float]
 

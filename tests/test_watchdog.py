@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from actors.order_saga import ORDER_SAGA
 from estafeta import Runtime, Saga, Watchdog
-from sql import sagas
-from sql.sagas import SagaRow
+from estafeta_actors.order_saga import ORDER_SAGA
+from estafeta_sql import sagas
+from estafeta_sql.sagas import SagaRow
 
 from .helpers import wait_until
 from .probe_sagas import TWICE, Probe

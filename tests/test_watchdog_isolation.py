@@ -33,9 +33,9 @@ from estafeta import (
     deliver,
 )
 from estafeta.sagas.watchdog import WATCHDOG_ERRORS
-from sql import sagas
-from sql.errors import StatementFailed
-from sql.pool import Database, connect
+from estafeta_sql import sagas
+from estafeta_sql.errors import StatementFailed
+from estafeta_sql.pool import Database, connect
 
 from .conftest import TEST_SETTINGS
 from .helpers import message_for, scalar, wait_until

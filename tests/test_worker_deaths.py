@@ -13,7 +13,7 @@ import pytest
 
 from estafeta import Runtime, deliver
 from estafeta.operations.dead_letter_causes import cause_of
-from sql import inbox
+from estafeta_sql import inbox
 from tests.app import STEPS
 
 from .helpers import message_for, scalar

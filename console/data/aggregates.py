@@ -1,7 +1,7 @@
 """The state of an event stream's aggregate, replayed from its events as of a version or a time.
 
-Apart because two readers show it: ``estafeta events show`` (:mod:`cli.projections`) and the
-console's events page (:mod:`console.data.read_models`).
+Apart because two readers show it: ``estafeta events show`` (:mod:`estafeta_cli.projections`) and the
+console's events page (:mod:`estafeta_console.data.read_models`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def aggregate_state(
 ) -> dict[str, Any] | None:
     """The state of the stream's aggregate, when the service declared one for its stream type."""
     from estafeta import Repository
-    from sql import event_store
+    from estafeta_sql import event_store
 
     found = event_store.stream_state(conn, service.name, stream_id)
     kinds = {getattr(cls, "stream_type", None) or cls.__name__: cls for cls in service.aggregates}

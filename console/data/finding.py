@@ -3,7 +3,7 @@
 What support hands over is rarely a saga id: it is an order id, or the first characters of
 one read over the phone. :func:`find_sagas` tries, in every saga kind of the app, the
 saga id and the kind's key (whatever its type), whole or as a prefix of at least
-:data:`SHORTEST_PREFIX` characters; each lookup walks an index (:mod:`sql.saga_lookup`).
+:data:`SHORTEST_PREFIX` characters; each lookup walks an index (:mod:`estafeta_sql.saga_lookup`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import attrs
 import psycopg
 
 from estafeta import App, Runtime, Saga
-from sql import saga_lookup
-from sql.sagas import SagaRow
+from estafeta_sql import saga_lookup
+from estafeta_sql.sagas import SagaRow
 
 #: The fewest characters taken as a prefix: fewer would match a sixteenth of every table.
 SHORTEST_PREFIX = 4

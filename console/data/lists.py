@@ -18,7 +18,7 @@ import attrs
 from estafeta import App, Runtime, Saga, SagaStep
 from estafeta.operations.dead_letter_causes import cause_of
 from estafeta.operations.dead_letters import DeadLetter, groups
-from sql import dead_letters, outbox_admin, saga_reports, sagas
+from estafeta_sql import dead_letters, outbox_admin, saga_reports, sagas
 
 #: Sagas on one page of a list.
 PAGE = 50

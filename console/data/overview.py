@@ -13,9 +13,9 @@ from markupsafe import Markup, escape
 
 from estafeta import App, Runtime, Saga
 from estafeta.operations.dead_letters import Group, groups
-from sql import outbox_admin, saga_reports
-from sql.outbox_admin import OutboxStats
-from sql.sagas import GAVE_UP, LogEntry, SagaRow
+from estafeta_sql import outbox_admin, saga_reports
+from estafeta_sql.outbox_admin import OutboxStats
+from estafeta_sql.sagas import GAVE_UP, LogEntry, SagaRow
 
 #: Rows shown per list (the CLI pages further: ``estafeta outbox failed --limit``...).
 LIMIT = 50

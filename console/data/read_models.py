@@ -2,7 +2,7 @@
 
 The same readings as ``estafeta projections status``, ``estafeta events show`` and
 ``estafeta outbox scheduled``, shaped for a page. A query string value the console cannot
-use is a :class:`~console.data.lists.BadFilter` naming the parameter, in one line.
+use is a :class:`~estafeta_console.data.lists.BadFilter` naming the parameter, in one line.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import attrs
 
 from estafeta import App, Runtime, Service
 from estafeta.events.projection_ops import ProjectionStatus, projection_status
-from sql import event_store, outbox_admin, projection_store
-from sql.event_store import StoredEvent
-from sql.outbox_admin import ScheduledRow
+from estafeta_sql import event_store, outbox_admin, projection_store
+from estafeta_sql.event_store import StoredEvent
+from estafeta_sql.outbox_admin import ScheduledRow
 
 from .aggregates import aggregate_state
 from .lists import BadFilter

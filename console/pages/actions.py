@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from estafeta import SagaError, SagaNotFound
 from estafeta.operations.dead_letter_replay import ReplayOutcome, replay
 from estafeta.operations.dead_letters import groups
-from sql import outbox_admin
+from estafeta_sql import outbox_admin
 
 from .kit import FORGED, Form, PageKit
 from .saga_pages import SagaPages

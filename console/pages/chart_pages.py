@@ -1,8 +1,8 @@
 """The console's charts (``/console/charts``): a page with a window to choose, and the frame that redraws itself.
 
 The frame reloads itself (a meta refresh: no script) every
-:data:`console.charts.REFRESH_SECONDS`; an error in the frame is a page that reloads itself
-too (:mod:`console.pages.errors`), so the charts come back on their own.
+:data:`estafeta_console.charts.REFRESH_SECONDS`; an error in the frame is a page that reloads itself
+too (:mod:`estafeta_console.pages.errors`), so the charts come back on their own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What every console page shares: its headers, its templates and filters, the form token and signed notices.
 
-Each group of pages (:mod:`~console.pages.overview_pages`, :mod:`~console.pages.saga_pages`,
-:mod:`~console.pages.letter_pages`, :mod:`~console.pages.actions`...) renders through one
+Each group of pages (:mod:`~estafeta_console.pages.overview_pages`, :mod:`~estafeta_console.pages.saga_pages`,
+:mod:`~estafeta_console.pages.letter_pages`, :mod:`~estafeta_console.pages.actions`...) renders through one
 :class:`PageKit`, so that every page carries the same security headers and every form the
 same token.
 """
@@ -74,7 +74,9 @@ class PageKit:
         # Forms carry it; a POST without it is refused (cross-site request forgery).
         self.token = secrets.token_urlsafe(32)
         self.templates = jinja2.Environment(
-            loader=jinja2.PackageLoader("console.pages", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+            loader=jinja2.PackageLoader("estafeta_console.pages", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
         )
         self.templates.filters["age"] = console_data.age
         self.templates.filters["deadline"] = console_data.deadline

@@ -4,7 +4,7 @@
 dead-letters groups``); a group's page shows its parked letters, their bodies and reasons,
 a page at a time, and what replays did before. With actions allowed, a replay first shows
 what it would do (``estafeta dead-letters replay --dry-run``) and asks for a confirmation
-naming how many letters it replays (:mod:`console.pages.actions` does it).
+naming how many letters it replays (:mod:`estafeta_console.pages.actions` does it).
 """
 
 from __future__ import annotations

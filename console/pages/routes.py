@@ -19,7 +19,7 @@ With an operator password (``ESTAFETA_CONSOLE_PASSWORD``, required for the actio
 console route, pages included, asks for it by HTTP Basic auth: the browser's own prompt,
 no script and no session to sign, and the form token is handed only to who gave it. Basic
 auth sends the password with each request: serve the console over TLS or on loopback only.
-Wrong passwords are slowed, then locked out, per client (:mod:`console.server.sign_in`), and an
+Wrong passwords are slowed, then locked out, per client (:mod:`estafeta_console.server.sign_in`), and an
 action's notice is shown only with this process's signature.
 """
 
@@ -56,10 +56,10 @@ class Console:
     """The console's routes for ``app``, reading through ``runtime``'s pools.
 
     Its pages are grouped by what they show: the front page and its sections
-    (:mod:`~console.pages.overview_pages`), sagas (:mod:`~console.pages.saga_pages`), dead
-    letters (:mod:`~console.pages.letter_pages`), charts (:mod:`~console.pages.chart_pages`),
-    schedules, and the actions (:mod:`~console.pages.actions`); errors are pages too
-    (:mod:`~console.pages.errors`).
+    (:mod:`~estafeta_console.pages.overview_pages`), sagas (:mod:`~estafeta_console.pages.saga_pages`), dead
+    letters (:mod:`~estafeta_console.pages.letter_pages`), charts (:mod:`~estafeta_console.pages.chart_pages`),
+    schedules, and the actions (:mod:`~estafeta_console.pages.actions`); errors are pages too
+    (:mod:`~estafeta_console.pages.errors`).
     """
 
     def __init__(self, app: App, runtime: Runtime, *, allow_actions: bool = False, password: str | None = None) -> None:
@@ -95,7 +95,7 @@ class Console:
         """The operator's user name, once the request carries the password (HTTP Basic auth); else 401.
 
         A client that keeps sending wrong passwords is slowed, then locked out (429, see
-        :mod:`console.server.sign_in`); a request with no credentials (a browser before its prompt)
+        :mod:`estafeta_console.server.sign_in`); a request with no credentials (a browser before its prompt)
         costs nothing.
         """
         assert self._password is not None

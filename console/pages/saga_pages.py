@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from sql import saga_lookup, saga_reports
+from estafeta_sql import saga_lookup, saga_reports
 
 from .. import saga_diagram, saga_labels
 from ..data import finding
@@ -35,7 +35,7 @@ class SagaPages:
         """What the search box found: the saga's page if one saga matches, a list to choose from if several.
 
         The box takes a saga id, a business key (an order id) or the first characters of either
-        (:func:`console.data.finding.find_sagas`).
+        (:func:`estafeta_console.data.finding.find_sagas`).
         """
         try:
             found = finding.find_sagas(self.app, self.runtime, saga_id)

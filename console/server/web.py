@@ -4,7 +4,7 @@ Every error leaves as an ``application/problem+json`` document (RFC 9457), which
 layer raised it: an :class:`estafeta.Problem`, a validation error, an unknown route, a
 database that is down (503 with ``Retry-After``), or a bug (500, its traceback logged,
 never sent). Under ``/console`` the same errors are HTML pages with a link to try again
-(:mod:`console.pages.errors`): a person reads them, not a client.
+(:mod:`estafeta_console.pages.errors`): a person reads them, not a client.
 
 The server's pools check each connection before lending it
 (:meth:`estafeta.Runtime.check_connections_before_use`): after a database restart, the

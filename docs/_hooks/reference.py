@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.MULTILINE)
 #: The packages whose modules define estafeta's metrics.
-METRIC_PACKAGES = ("estafeta", "brokers", "cli", "console")
+METRIC_PACKAGES = ("estafeta", "estafeta_brokers", "estafeta_cli", "estafeta_console")
 #: Collectors that have no module-level instance: how to make one to ask for its families.
 COLLECTOR_FACTORIES: dict[str, Callable[[type[Any]], Collector]] = {
     "TablesCollector": lambda cls: cls([], [], 300.0),
@@ -210,7 +210,7 @@ def _labels(value: Any, family: Any) -> list[str]:
 
 def cli_group() -> click.Group:
     """The ``estafeta`` group with every command registered (as ``estafeta`` runs it)."""
-    from cli import main
+    from estafeta_cli import main
 
     main._register()
     return main.cli

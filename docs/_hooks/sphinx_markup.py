@@ -30,7 +30,7 @@ ROLE = re.compile(r":(?:py:)?(?P<kind>class|meth|func|attr|mod|data|exc|obj|cons
 #: The roles Sphinx shows with parentheses after the name.
 CALLABLE_ROLES = frozenset({"meth", "func"})
 #: The repository's top-level packages: a dotted name starting with one is a full path.
-PROJECT_PACKAGES = frozenset({"estafeta", "sql", "brokers", "cli", "actors"})
+PROJECT_PACKAGES = frozenset({"estafeta", "estafeta_sql", "estafeta_brokers", "estafeta_cli", "estafeta_actors"})
 #: A role's explicit title: ``:class:`the app <App>```.
 TITLED = re.compile(r"^(?P<title>.+?)\s*<(?P<target>[^<>]+)>$")
 
@@ -77,7 +77,7 @@ def cross_reference(match: re.Match[str], scope: griffe.Object) -> str:
 def resolve(target: str, scope: griffe.Object) -> str:
     """The full path of ``target`` as Python would read it in ``scope``, or ``target`` itself.
 
-    A dotted name that starts with one of the project's packages (``sql.errors.X``) is
+    A dotted name that starts with one of the project's packages (``estafeta_sql.errors.X``) is
     already a full path, even where a module imported another ``sql`` (psycopg's).
     """
     head, _, rest = target.lstrip(".").partition(".")

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
-from brokers import broker_from_url
-from brokers.tracing import messaging_system
 from estafeta.app.errors import SettingsError
 from estafeta.app.middleware import (
     EmbeddedDatabaseNotice,
@@ -40,6 +38,8 @@ from estafeta.operations.retention import PruneMiddleware
 from estafeta.sagas.watchdog import WatchdogMiddleware
 from estafeta.schedules.scheduler import SchedulerMiddleware
 from estafeta.steps.declare import declare_actors
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.tracing import messaging_system
 
 if TYPE_CHECKING:
     from estafeta.app.service import Service

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sql import clock as schema_clock
+from estafeta_sql import clock as schema_clock
 
 if TYPE_CHECKING:
     from estafeta.app.runtime import Runtime

@@ -17,7 +17,7 @@ import threading
 import weakref
 
 from estafeta.app.runtime import Runtime
-from sql.deployments import database_identity
+from estafeta_sql.deployments import database_identity
 
 #: The names found so far in this process, by the DSNs they were derived from, and by runtime
 #: (a worker asks for every message it receives).
@@ -29,7 +29,7 @@ _mutex = threading.Lock()
 def deployment_name(runtime: Runtime) -> str:
     """This deployment's name: ``ESTAFETA_DEPLOYMENT``, or derived from its databases (see the module).
 
-    Raises :class:`sql.errors.DatabaseUnavailable` when a database must be asked and cannot be
+    Raises :class:`estafeta_sql.errors.DatabaseUnavailable` when a database must be asked and cannot be
     reached (the next call asks again).
     """
     if runtime.settings.deployment:

@@ -1,4 +1,4 @@
-"""Errors raised by steps, routing and settings (all under :class:`sql.errors.EstafetaError`)."""
+"""Errors raised by steps, routing and settings (all under :class:`estafeta_sql.errors.EstafetaError`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 
 class SettingsError(EstafetaError):

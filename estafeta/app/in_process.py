@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from dramatiq import Worker
 
-from brokers.relay import Relay
 from estafeta.messaging.relaying import build_relay
+from estafeta_brokers.relay import Relay
 
 if TYPE_CHECKING:
     from estafeta.app.app import Binding

@@ -13,8 +13,8 @@ import dramatiq
 
 from estafeta.app.clock import warn_if_moved
 from estafeta.observability import logs as logs
-from sql.embedded import DEFAULT_DATA_DIR
-from sql.errors import DatabaseRefused, DatabaseUnavailable
+from estafeta_sql.embedded import DEFAULT_DATA_DIR
+from estafeta_sql.errors import DatabaseRefused, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from estafeta.app.runtime import Runtime

@@ -12,8 +12,8 @@ import psycopg
 
 from estafeta.app.settings import Settings
 from estafeta.messaging.wakeups import Waker
-from sql import embedded, migrate
-from sql.pool import Database
+from estafeta_sql import embedded, migrate
+from estafeta_sql.pool import Database
 
 if TYPE_CHECKING:
     from estafeta.locks.step_locks import LockBackend
@@ -62,7 +62,7 @@ class Runtime:
         self.queues_here: frozenset[str] | None = None
         self._mutex = threading.Lock()
         #: Whether each database's first use connects in the caller's thread before its pool
-        #: starts (:class:`sql.pool.Database`): the CLI's commands report a refused or
+        #: starts (:class:`estafeta_sql.pool.Database`): the CLI's commands report a refused or
         #: unreachable server at once rather than after the pool's 10 s of retries.
         self.connect_first = False
         self._check_before_use = False
@@ -106,7 +106,7 @@ class Runtime:
 
         A connection the server dropped while it sat in the pool (a restart, a failover) is then
         replaced before anyone uses it, for one round trip per borrow (see
-        :attr:`sql.pool.Database.check_before_use`): what ``estafeta serve`` does, where a dead
+        :attr:`estafeta_sql.pool.Database.check_before_use`): what ``estafeta serve`` does, where a dead
         connection would be a request's error.
         """
         with self._mutex:

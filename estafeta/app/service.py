@@ -27,8 +27,8 @@ from estafeta.events.store import EventRegistry, EventStore
 from estafeta.messaging import outbox as outbox
 from estafeta.schedules.spec import CatchUp, Overlap, Schedule, timing_of
 from estafeta.steps.spec import Router, StepSpec
-from sql import migrate
-from sql.plan import Statement
+from estafeta_sql import migrate
+from estafeta_sql.plan import Statement
 
 if TYPE_CHECKING:
     from estafeta.sagas.saga import Saga

@@ -12,9 +12,9 @@ from typing import Any
 
 import attrs
 
-from brokers import check_url, redact_url
 from estafeta.app.errors import SettingsError
-from sql.pool import check_dsn
+from estafeta_brokers import check_url, redact_url
+from estafeta_sql.pool import check_dsn
 
 #: A TOML file with the same settings (keys are the variable names without the
 #: ``ESTAFETA_`` prefix, lower-cased); the environment wins over it.
@@ -200,7 +200,7 @@ class Settings:
 
     @property
     def broker_options(self) -> dict[str, Any]:
-        """What ``brokers.broker_from_url`` needs beside the URL: the RabbitMQ queue type and delivery limit."""
+        """What ``broker_from_url`` needs beside the URL: the RabbitMQ queue type and delivery limit."""
         if self.rabbitmq_queue_type == "quorum":
             return {"queue_type": "quorum", "delivery_limit": self.max_deliveries}
         return {}

@@ -43,9 +43,9 @@ from estafeta.app.runtime import StepConnections
 from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step
 from estafeta.idempotency.problem import HttpResponse
-from sql import plan
-from sql.errors import EstafetaError
-from sql.pool import Database
+from estafeta_sql import plan
+from estafeta_sql.errors import EstafetaError
+from estafeta_sql.pool import Database
 
 logger = logging.getLogger(__name__)
 _warned_max_age: set[str] = set()

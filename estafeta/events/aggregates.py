@@ -24,8 +24,8 @@ import psycopg
 
 from estafeta.events.store import NO_STREAM, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from estafeta.messaging.messages import converter
-from sql import event_store
-from sql.errors import EstafetaError
+from estafeta_sql import event_store
+from estafeta_sql.errors import EstafetaError
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ import psycopg
 from eventsourcing import persistence as es
 from psycopg import pq
 
-from sql import event_store, migrate
-from sql.errors import DatabaseUnavailable, EstafetaError
-from sql.eventsourcing_store import StreamOrderRefused
-from sql.pool import Database
+from estafeta_sql import event_store, migrate
+from estafeta_sql.errors import DatabaseUnavailable, EstafetaError
+from estafeta_sql.eventsourcing_store import StreamOrderRefused
+from estafeta_sql.pool import Database
 
 #: What the adapter's schema needs: the messaging tables (outbox, inbox), the event store,
 #: and the library's tracking and snapshot tables.

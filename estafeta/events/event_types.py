@@ -16,7 +16,7 @@ import attrs
 import cattrs
 
 from estafeta.messaging.messages import converter
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 T = TypeVar("T")
 

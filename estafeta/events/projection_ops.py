@@ -28,8 +28,8 @@ from psycopg import sql
 
 from estafeta.events.projections import BatchResult, Projection, Projector, lock_key
 from estafeta.events.store import EventStore
-from sql import projection_store
-from sql.errors import EstafetaError
+from estafeta_sql import projection_store
+from estafeta_sql.errors import EstafetaError
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A projection declares the event types it handles (``@handles``) and the tables it owns in
 its service's schema. A :class:`Projector` reads the log gap-safely (only events of ended
-transactions, in ``(tx_id, position)`` order; see :func:`sql.event_store.read_safe`) and
+transactions, in ``(tx_id, position)`` order; see :func:`estafeta_sql.event_store.read_safe`) and
 applies each batch in ONE transaction with its checkpoint, which it locks first: a crash
 at any instant leaves the read model and the checkpoint agreeing.
 
@@ -30,8 +30,8 @@ from psycopg import sql
 
 from estafeta.events.event_types import EventDecodeError
 from estafeta.events.store import EventStore, RecordedEvent
-from sql import event_store, projection_store
-from sql.event_store import StoredEvent
+from estafeta_sql import event_store, projection_store
+from estafeta_sql.event_store import StoredEvent
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class Projector:
             return self._finish(conn, checkpoint, rows, items, bad)
 
     def read(self, conn: psycopg.Connection[Any], after: tuple[int, int]) -> list[StoredEvent]:
-        """The next batch after the checkpoint ``after``: gap-safe (see :func:`sql.event_store.read_safe`)."""
+        """The next batch after the checkpoint ``after``: gap-safe (see :func:`estafeta_sql.event_store.read_safe`)."""
         return event_store.read_safe(conn, self.schema, after=after, limit=self.batch_size, types=self._types)
 
     def _decode(self, rows: list[StoredEvent]) -> tuple[list[RecordedEvent[Any] | None], _Bad | None]:

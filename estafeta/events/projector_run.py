@@ -23,9 +23,9 @@ from psycopg import sql
 from estafeta.app.runtime import Runtime
 from estafeta.events import projection_ops as ops
 from estafeta.events.projections import BatchResult, Projector
-from sql import event_store, projection_store
-from sql.liveness import with_liveness
-from sql.pool import notifications
+from estafeta_sql import event_store, projection_store
+from estafeta_sql.liveness import with_liveness
+from estafeta_sql.pool import notifications
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from estafeta.events.event_types import (
     UnknownEventType,
     UnknownSchemaVersion,
 )
-from sql import event_store, plan
-from sql.errors import EstafetaError
+from estafeta_sql import event_store, plan
+from estafeta_sql.errors import EstafetaError
 
 __all__ = [
     "ANY",
@@ -282,14 +282,14 @@ class EventStore:
         ]
 
     def high_water_mark(self, conn: psycopg.Connection[Any], *, timeout: float = 10.0) -> int | None:
-        """A position up to which the log is final (:func:`sql.event_store.high_water_mark`); autocommit ``conn``."""
+        """A position up to which the log is final (``event_store.high_water_mark``); autocommit ``conn``."""
         return event_store.high_water_mark(conn, self.schema, timeout=timeout)
 
     def allow_rewrite(self, conn: psycopg.Connection[Any]) -> None:
         """Let ``conn``'s current transaction update or delete stored events (pruning, crypto-shredding).
 
         The store refuses both otherwise (it is append-only); the permission ends with the
-        transaction (:func:`sql.event_store.allow_rewrite`).
+        transaction (:func:`estafeta_sql.event_store.allow_rewrite`).
         """
         event_store.allow_rewrite(conn)
 

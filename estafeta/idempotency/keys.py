@@ -40,9 +40,9 @@ from psycopg.pq import TransactionStatus
 
 from estafeta.idempotency.problem import HttpResponse, Problem
 from estafeta.sagas.model import as_timedelta
-from sql import idempotency as store
-from sql import plan
-from sql.errors import DatabaseError, DatabaseUnavailable
+from estafeta_sql import idempotency as store
+from estafeta_sql import plan
+from estafeta_sql.errors import DatabaseError, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from estafeta.app.runtime import Runtime

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 #: The media type of a problem document.
 PROBLEM_JSON = "application/problem+json"

@@ -3,7 +3,7 @@
 ``with redis_lock("order:42", ttl=10) as lock:`` holds a lease on ``order:42`` for at most
 ``ttl`` seconds, on a majority of the Redis servers of ``ESTAFETA_LOCK_URL`` (or the URL
 given). ``lock.token`` grows with every acquisition of the key: store it with the writes
-made under the lock, and have the store refuse older tokens (:mod:`sql.fences` does it in
+made under the lock, and have the store refuse older tokens (:mod:`estafeta_sql.fences` does it in
 PostgreSQL). A lease alone is not safe: a holder paused past its TTL keeps writing.
 
 On each server a lease is ``SET key value NX PX ttl`` with a random value, taken in the
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from brokers import redact_url, split_namespace
-from sql.errors import EstafetaError, LockNotAcquired
+from estafeta_brokers import redact_url, split_namespace
+from estafeta_sql.errors import EstafetaError, LockNotAcquired
 
 if TYPE_CHECKING:
     import redis
@@ -303,7 +303,7 @@ def redis_lock(key: str, ttl: float = 30.0, *, wait: float = 10.0, url: str | No
     ``url`` defaults to ``ESTAFETA_LOCK_URL`` when it names Redis, else the local Redis;
     comma-separated URLs make a Redlock quorum. Waits up to ``wait`` seconds for another
     holder (:class:`LockNotAcquired` after). The block must not outlive the lease: pass
-    ``lock.token`` to the store so that a holder that did is refused (:mod:`sql.fences`).
+    ``lock.token`` to the store so that a holder that did is refused (:mod:`estafeta_sql.fences`).
     """
     url = url or _default_url()
     with _CLIENTS_LOCK:

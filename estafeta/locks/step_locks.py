@@ -10,7 +10,7 @@ lock's holder), and keeps it until the transaction has ended. The backend is cho
   transaction (commit, rollback, a killed worker, ``pg_terminate_backend``), so it can
   never be held by someone who stopped working; no token is needed.
 - ``redis://...``: a lease on one Redis server or a Redlock quorum, whose fencing token
-  PostgreSQL checks (:mod:`sql.fences`), so a holder paused past its lease is rolled back
+  PostgreSQL checks (:mod:`estafeta_sql.fences`), so a holder paused past its lease is rolled back
   instead of writing beside its successor.
 """
 
@@ -28,9 +28,9 @@ import psycopg
 
 from estafeta.app.settings import Settings
 from estafeta.locks.redis_lease import RedisLock, Redlock
-from sql import fences
-from sql.errors import LockNotAcquired, StaleFencingToken
-from sql.pool import Database
+from estafeta_sql import fences
+from estafeta_sql.errors import LockNotAcquired, StaleFencingToken
+from estafeta_sql.pool import Database
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class RedisLocks:
     calls ``before_commit``, which checks the token is still the newest, as the last
     statement before its commit. A holder paused past its lease is then rolled back if a
     successor started meanwhile, and a successor never reads what a stale holder is about
-    to commit (see :mod:`sql.fences`). The lease is released after the transaction ended.
+    to commit (see :mod:`estafeta_sql.fences`). The lease is released after the transaction ended.
     """
 
     def __init__(self, redlock: Redlock, *, ttl_ms: int, timeout_ms: int, pool_size: int = 4) -> None:

@@ -37,8 +37,8 @@ import dramatiq
 import psycopg
 
 from estafeta.messaging import outbox as outbox
-from sql import outbox as store
-from sql.pool import Database
+from estafeta_sql import outbox as store
+from estafeta_sql.pool import Database
 
 if TYPE_CHECKING:
     from estafeta.app.runtime import Runtime
@@ -103,7 +103,7 @@ def prepare(runtime: Runtime, database: Database, schema: str, conn: psycopg.Con
 class WorkerQueues(dramatiq.Middleware):
     """Tells ``runtime`` which queues its process's worker consumes, as the worker boots (see :func:`prepare`).
 
-    Dramatiq's worker keeps the queues it was given (``dramatiq actors --queues orders``) as
+    Dramatiq's worker keeps the queues it was given (``dramatiq estafeta_actors --queues orders``) as
     its ``consumer_whitelist``, empty for every queue.
     """
 

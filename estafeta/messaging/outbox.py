@@ -26,8 +26,8 @@ from estafeta.app.errors import RoutingError
 from estafeta.messaging.messages import to_json
 from estafeta.observability import tracing as tracing
 from estafeta.steps.spec import Router
-from sql import outbox as store
-from sql import outbox_admin, plan
+from estafeta_sql import outbox as store
+from estafeta_sql import outbox_admin, plan
 
 T = TypeVar("T")
 
@@ -102,7 +102,7 @@ def sole_held(conn: psycopg.Connection[Any]) -> Mapping[str, Any] | None:
 
 
 def lease_sole_held(conn: psycopg.Connection[Any], schema: str, lease: timedelta) -> None:
-    """Make the one outbox insert held for ``conn`` a hand-off's leased row (``sql.outbox.handoff_statement``)."""
+    """Make the one outbox insert held for ``conn`` a hand-off's leased row (``outbox.handoff_statement``)."""
     held = _held[id(conn)]
     held[0] = store.handoff_statement(schema, held[0], lease)
 
@@ -244,7 +244,7 @@ def reschedule(conn: psycopg.Connection[Any], message_id: uuid.UUID, at: datetim
 
 
 def message_type(kind: type) -> str:
-    """The name an outbox row records for a message class: ``module.Class`` (``actors.orders.ConfirmOrder``)."""
+    """The name an outbox row records for a message class: ``module.Class`` (``estafeta_actors.orders.Reserve``)."""
     return f"{kind.__module__}.{kind.__qualname__}"
 
 

@@ -12,14 +12,14 @@ from typing import Any
 import dramatiq
 from psycopg import conninfo
 
-from brokers import wait_replicas
-from brokers.outboxes import Outbox
-from brokers.publish import durability_warning, publisher_for
-from brokers.relay import Relay, RelayConfig
-from brokers.tracing import messaging_system
 from estafeta.app.deployment import deployment_name
 from estafeta.app.runtime import Runtime
-from sql.pool import Database
+from estafeta_brokers import wait_replicas
+from estafeta_brokers.outboxes import Outbox
+from estafeta_brokers.publish import durability_warning, publisher_for
+from estafeta_brokers.relay import Relay, RelayConfig
+from estafeta_brokers.tracing import messaging_system
+from estafeta_sql.pool import Database
 
 logger = logging.getLogger(__name__)
 

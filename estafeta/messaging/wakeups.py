@@ -22,7 +22,7 @@ import threading
 
 import psycopg
 
-from sql.outbox import WAKE_CHANNEL
+from estafeta_sql.outbox import WAKE_CHANNEL
 
 logger = logging.getLogger(__name__)
 

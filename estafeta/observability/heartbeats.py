@@ -3,10 +3,10 @@
 A worker process (with the scheduler and projectors it runs), a relay, ``estafeta projections
 run`` and ``estafeta serve`` each run one :class:`Heartbeat`: a daemon thread that, every
 ``ESTAFETA_HEARTBEAT_INTERVAL`` seconds, upserts one row per role in the ``heartbeats`` table
-of each service it serves (``sql.heartbeats``), on a pooled connection the process already
+of each service it serves (``estafeta_sql.heartbeats``), on a pooled connection the process already
 uses for its work: one short transaction per database and beat, never a connection of its
 own. A clean stop deletes the rows; a process killed outright leaves them, and they read as
-stale once :data:`sql.heartbeats.MISSED_BEATS` beats are missed (``estafeta status``, the
+stale once :data:`estafeta_sql.heartbeats.MISSED_BEATS` beats are missed (``estafeta status``, the
 console, ``estafeta_heartbeat_*`` metrics). Each beat also deletes, now and then, the rows
 of processes that stopped beating more than :data:`PRUNE_AFTER` ago.
 
@@ -31,12 +31,12 @@ import attrs
 import dramatiq
 
 from estafeta.app.middleware import find_middleware
-from sql import heartbeats as store
-from sql.pool import Database
+from estafeta_sql import heartbeats as store
+from estafeta_sql.pool import Database
 
 if TYPE_CHECKING:
-    from brokers.relay import Relay
     from estafeta.app.runtime import Runtime
+    from estafeta_brokers.relay import Relay
 
 logger = logging.getLogger(__name__)
 

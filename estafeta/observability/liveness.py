@@ -2,9 +2,9 @@
 
 Read by ``estafeta status``, the console's front page and the ``estafeta_heartbeat_*``
 metrics. Three conditions are flagged (:class:`Condition`): an outbox with pending rows and
-no live relay, a queue with waiting messages (``brokers.queue_depth``) and no live worker
+no live relay, a queue with waiting messages (``estafeta_brokers.queue_depth``) and no live worker
 consuming it, a projection with no live projector. A process is live while its last beat is
-within :data:`sql.heartbeats.MISSED_BEATS` of its beat intervals on the service database's
+within :data:`estafeta_sql.heartbeats.MISSED_BEATS` of its beat intervals on the service database's
 clock; a process killed outright is stale after that, a cleanly stopped one is gone.
 
 One service whose database (or whose queue on the broker) cannot be read loses only its
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import dramatiq
 
-from brokers.queue_depth import waiting_messages
 from estafeta.observability.heartbeats import Kind
-from sql import heartbeats, outbox_admin
-from sql.heartbeats import HeartbeatRow
-from sql.pool import Database
+from estafeta_brokers.queue_depth import waiting_messages
+from estafeta_sql import heartbeats, outbox_admin
+from estafeta_sql.heartbeats import HeartbeatRow
+from estafeta_sql.pool import Database
 
 if TYPE_CHECKING:
     from estafeta.app.service import Service

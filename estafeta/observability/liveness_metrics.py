@@ -20,8 +20,8 @@ from estafeta.observability.heartbeats import Kind
 from estafeta.observability.liveness import Condition, Liveness, ServiceSpec, read_liveness
 
 if TYPE_CHECKING:
-    from brokers.outboxes import Outbox
     from estafeta.app.settings import Settings
+    from estafeta_brokers.outboxes import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def manifest_collector(
 
 
 def _broker(settings: Settings) -> dramatiq.Broker | None:
-    """A broker to count the queues' messages on: RabbitMQ and Redis only (see ``brokers.queue_depth``)."""
-    from brokers import broker_from_url
+    """A broker to count the queues' messages on: RabbitMQ and Redis only (see ``estafeta_brokers.queue_depth``)."""
+    from estafeta_brokers import broker_from_url
 
     if not settings.broker_url.startswith(("amqp", "redis")):
         return None

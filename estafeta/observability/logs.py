@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from brokers import tracing
+from estafeta_brokers import tracing
 
 #: The fields a record gets while a message is processed (``None`` otherwise).
 FIELDS = ("actor", "message_id", "saga_id", "trace_id", "span_id")

@@ -1,4 +1,4 @@
-"""Prometheus metrics of steps and their locks (the relay's are in ``brokers.metrics``, the sagas' in ``_saga``).
+"""Prometheus metrics of steps and their locks (the relay's are in ``estafeta_brokers.metrics``, the sagas' elsewhere).
 
 Every name starts with ``estafeta_``. In ``dramatiq`` worker processes these are written
 to prometheus_client's multiprocess files and served, summed over the processes, on

@@ -5,7 +5,7 @@ last autovacuum), from PostgreSQL's statistics: one more query per service.
 
 Nothing here is counted in memory: whichever process serves them, however often workers
 restarted, they say what the tables hold at the scrape. The outbox gauges are
-:class:`brokers.metrics.OutboxCollector`'s (the relay serves them too). One scrape runs
+:class:`estafeta_brokers.metrics.OutboxCollector`'s (the relay serves them too). One scrape runs
 one query per service for its dead letters and two per saga kind: counting sagas by status
 reads the saga table; the stuck count reads only the live sagas (a partial index) and
 their latest log entries.
@@ -22,10 +22,10 @@ import attrs
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from brokers.outboxes import Outbox
-from sql import inbox, saga_reports, sagas, table_health
-from sql.pool import Database
-from sql.sagas import SagaTable
+from estafeta_brokers.outboxes import Outbox
+from estafeta_sql import inbox, saga_reports, sagas, table_health
+from estafeta_sql.pool import Database
+from estafeta_sql.sagas import SagaTable
 
 logger = logging.getLogger(__name__)
 

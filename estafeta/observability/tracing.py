@@ -4,7 +4,7 @@
   what the row stores (``traceparent`` in the message's options), so the consumer and the
   relay see where each message was created, however the relay batches them.
 - ``send [<queue>]`` (CLIENT), the relay's batch, linked to every message it carries
-  (:mod:`brokers.tracing`).
+  (:mod:`estafeta_brokers.tracing`).
 - ``process <queue>`` (CONSUMER), one per delivery attempt of a message to a step, a child
   of the message's creation context (the conventions allow it for single messages, and
   document it): the trace of an order runs from its placement to its saga's last step.
@@ -21,8 +21,8 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from brokers import tracing
 from estafeta.messaging.messages import new_traceparent
+from estafeta_brokers import tracing
 
 try:
     from opentelemetry import trace as otel

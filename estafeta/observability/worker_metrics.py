@@ -37,16 +37,16 @@ import attrs
 import dramatiq
 from psycopg import conninfo
 
-from brokers.metrics import ClockCollector, OutboxCollector
-from brokers.outboxes import Outbox
 from estafeta.app.runtime import Runtime
 from estafeta.app.settings import Settings
 from estafeta.observability import logs as logs
 from estafeta.observability.liveness import ServiceSpec
 from estafeta.observability.liveness_metrics import manifest_collector
 from estafeta.observability.table_metrics import SagaKind, TablesCollector
-from sql.pool import Database
-from sql.sagas import SagaTable
+from estafeta_brokers.metrics import ClockCollector, OutboxCollector
+from estafeta_brokers.outboxes import Outbox
+from estafeta_sql.pool import Database
+from estafeta_sql.sagas import SagaTable
 
 if TYPE_CHECKING:
     from estafeta.sagas.saga import Saga

@@ -33,15 +33,15 @@ from estafeta.app.runtime import Runtime
 from estafeta.observability import tracing as tracing
 from estafeta.operations.dead_letters import DeadLetter, groups, locate
 from estafeta.steps.context import REPLY_TO
-from sql import dead_letters as store
-from sql import outbox as outbox_store
-from sql import sagas as saga_store
-from sql.errors import DatabaseUnavailable
+from estafeta_sql import dead_letters as store
+from estafeta_sql import outbox as outbox_store
+from estafeta_sql import sagas as saga_store
+from estafeta_sql.errors import DatabaseUnavailable
 
 if TYPE_CHECKING:
     from estafeta.app.app import App
     from estafeta.sagas.saga import Saga
-    from sql.sagas import SagaRow
+    from estafeta_sql.sagas import SagaRow
 
 # The dead letters' log lines come from one logger, whichever module writes them: a logging
 # configuration (and an operator's filter) names it.

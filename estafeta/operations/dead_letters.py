@@ -21,7 +21,7 @@ import attrs
 
 from estafeta.app.runtime import Runtime
 from estafeta.operations.dead_letter_causes import Cause, cause_of
-from sql import dead_letters as store
+from estafeta_sql import dead_letters as store
 
 
 @attrs.frozen

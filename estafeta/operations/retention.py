@@ -34,9 +34,9 @@ from prometheus_client import Counter
 from estafeta.app.middleware import WorkerThread
 from estafeta.app.runtime import Runtime
 from estafeta.app.settings import Settings
-from sql import retention as store
-from sql import saga_writes
-from sql.errors import DatabaseError, EstafetaError
+from estafeta_sql import retention as store
+from estafeta_sql import saga_writes
+from estafeta_sql.errors import DatabaseError, EstafetaError
 
 if TYPE_CHECKING:
     from estafeta.app.service import Service
@@ -76,7 +76,7 @@ class Retention:
         )
 
     def of(self, table: str) -> timedelta:
-        """The retention of one of the messaging tables (``sql.retention.TABLES``)."""
+        """The retention of one of the messaging tables (``estafeta_sql.retention.TABLES``)."""
         return {"inbox": self.inbox, "inbox_attempts": self.inbox, "dead_letters": self.dead_letters}.get(
             table, self.fences
         )

@@ -17,8 +17,8 @@ from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import ACTION, COMPENSATION, SagaStep, SagaStuck
 from estafeta.steps.context import REPLY_TO
 from estafeta.steps.spec import StepSpec
-from sql import plan, saga_writes
-from sql.sagas import SagaRow
+from estafeta_sql import plan, saga_writes
+from estafeta_sql.sagas import SagaRow
 
 
 def command_for(saga: SagaDefinition, row: SagaRow) -> tuple[SagaStep, Any, str]:

@@ -23,7 +23,7 @@ from estafeta.messaging.messages import from_json
 from estafeta.sagas.model import SagaState, SagaStep, SagaStuck, taken, uncompensated
 from estafeta.steps.context import Reply
 from estafeta.steps.spec import Owner, StepSpec
-from sql.sagas import KEY_TYPES, SagaRow, SagaTable
+from estafeta_sql.sagas import KEY_TYPES, SagaRow, SagaTable
 
 
 @attrs.frozen

@@ -19,9 +19,9 @@ import psycopg
 from estafeta.sagas import commands, moves, saga_log
 from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import SagaError, SagaNotFound
-from sql import saga_writes
-from sql import sagas as store
-from sql.sagas import GAVE_UP, SagaRow
+from estafeta_sql import saga_writes
+from estafeta_sql import sagas as store
+from estafeta_sql.sagas import GAVE_UP, SagaRow
 
 
 def on_deadline(saga: SagaDefinition, conn: psycopg.Connection[Any], row: SagaRow, parked: str | None) -> str:

@@ -22,8 +22,8 @@ from estafeta.messaging.messages import to_json
 from estafeta.steps import transaction as step_tx
 from estafeta.steps.context import StepContext
 from estafeta.steps.spec import StepSpec
-from sql.errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
-from sql.pool import is_outage
+from estafeta_sql.errors import DatabaseUnavailable, LockNotAcquired, StatementFailed
+from estafeta_sql.pool import is_outage
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 import attrs
 
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 #: The direction of a saga command: doing a step, or undoing it (and what follows the undoing).
 ACTION = "action"

@@ -21,9 +21,9 @@ from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import ACTION, SagaState, SagaStuck, following, taken
 from estafeta.sagas.saga_metrics import COMPENSATIONS, REPLIES, TRANSITIONS
 from estafeta.steps.context import Reply, StepContext
-from sql import saga_writes
-from sql import sagas as store
-from sql.sagas import GAVE_UP, SagaRow
+from estafeta_sql import saga_writes
+from estafeta_sql import sagas as store
+from estafeta_sql.sagas import GAVE_UP, SagaRow
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def move(
     reply: Reply | None = None,
     ctx: StepContext | None = None,
 ) -> None:
-    """Move the saga (:func:`sql.sagas.transition`), record it, and send its next command.
+    """Move the saga (:func:`estafeta_sql.sagas.transition`), record it, and send its next command.
 
     With ``ctx`` (the orchestrator step's) and ``local_steps``, a command for the saga's
     own service is run here instead (:func:`run_local`).

@@ -20,9 +20,9 @@ from estafeta.sagas.definition import SagaDefinition
 from estafeta.sagas.model import ACTION, COMPENSATION
 from estafeta.sagas.saga_metrics import REPLIES
 from estafeta.steps.context import Reply, StepContext
-from sql import plan, saga_writes
-from sql import sagas as store
-from sql.sagas import GAVE_UP, SagaRow
+from estafeta_sql import plan, saga_writes
+from estafeta_sql import sagas as store
+from estafeta_sql.sagas import GAVE_UP, SagaRow
 
 logger = logging.getLogger(__name__)
 

@@ -64,10 +64,10 @@ from estafeta.sagas.model import SagaState, SagaStep, as_timedelta, taken
 from estafeta.sagas.saga_metrics import TRANSITIONS
 from estafeta.steps.context import Reply, StepContext
 from estafeta.steps.spec import Owner, StepSpec
-from sql import plan, saga_writes
-from sql import sagas as store
-from sql.migrate import Migration
-from sql.sagas import SagaRow
+from estafeta_sql import plan, saga_writes
+from estafeta_sql import sagas as store
+from estafeta_sql.migrate import Migration
+from estafeta_sql.sagas import SagaRow
 
 
 class SagaService(Owner, Protocol):

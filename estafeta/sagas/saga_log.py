@@ -13,8 +13,8 @@ import psycopg
 from estafeta.sagas.definition import SagaDefinition, SagaTransition
 from estafeta.sagas.model import SagaStuck
 from estafeta.steps.context import Reply
-from sql import plan, saga_writes
-from sql.sagas import SagaRow
+from estafeta_sql import plan, saga_writes
+from estafeta_sql.sagas import SagaRow
 
 
 def record(

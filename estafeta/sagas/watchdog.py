@@ -23,7 +23,7 @@ transition — a constraint, bad data, its ``on_transition`` hook failing — or
 code) looks again one step timeout later, and the saga is ``failed`` at the
 ``max_errors``-th error in a row (3 by default). An error is only recorded on a saga still
 where it was diagnosed (same version, same attempt): one that has moved on since is left
-alone. Only an outage (:class:`~sql.errors.DatabaseUnavailable`) of a saga's own database
+alone. Only an outage (:class:`~estafeta_sql.errors.DatabaseUnavailable`) of a saga's own database
 pauses the watchdog, and only after the saga kinds on other databases had their turn; a
 participant's database that is unreachable delays only the sagas that need it (to read
 why it parked their command, once their attempts are spent), and nothing is recorded on
@@ -48,10 +48,10 @@ from estafeta.observability import tracing as tracing
 from estafeta.sagas.model import SagaStuck
 from estafeta.sagas.saga import Saga
 from estafeta.sagas.saga_metrics import TRANSITIONS
-from sql import saga_writes
-from sql import sagas as store
-from sql.errors import DatabaseError, DatabaseUnavailable
-from sql.sagas import SagaRow
+from estafeta_sql import saga_writes
+from estafeta_sql import sagas as store
+from estafeta_sql.errors import DatabaseError, DatabaseUnavailable
+from estafeta_sql.sagas import SagaRow
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import psycopg
 from estafeta.app.errors import RoutingError
 from estafeta.messaging import outbox as outbox
 from estafeta.schedules.spec import CatchUp, Overlap, Schedule
-from sql import schedule_store as store
+from estafeta_sql import schedule_store as store
 
 #: At most this many missed ticks are fired by one transaction (catch-up ``all``); the rest next pass.
 MAX_TICKS_PER_FIRING = 100

@@ -19,9 +19,9 @@ import psycopg
 from estafeta.app.runtime import Runtime
 from estafeta.schedules.holds import HeldBack
 from estafeta.schedules.spec import Schedule
-from sql import schedule_store as store
-from sql.errors import DatabaseUnavailable
-from sql.pool import Database
+from estafeta_sql import schedule_store as store
+from estafeta_sql.errors import DatabaseUnavailable
+from estafeta_sql.pool import Database
 
 #: Seconds to wait for a connection to the database of the step that got a schedule's last run.
 HANDLER_WAIT = 2.0

@@ -49,9 +49,9 @@ from estafeta.schedules.holds import HeldBack
 from estafeta.schedules.plan import plan, send_tick
 from estafeta.schedules.runs import HANDLER_WAIT, UNFINISHED, RunUnknown, ScheduleState, run_status
 from estafeta.schedules.spec import DeclaredOtherwise, Overlap, Schedule
-from sql import clock
-from sql import schedule_store as store
-from sql.errors import DatabaseError, DatabaseUnavailable
+from estafeta_sql import clock
+from estafeta_sql import schedule_store as store
+from estafeta_sql.errors import DatabaseError, DatabaseUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from cronsim import CronSim, CronSimError
 
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 if TYPE_CHECKING:
     from estafeta.steps.spec import Router

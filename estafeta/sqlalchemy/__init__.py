@@ -34,8 +34,8 @@ from estafeta.app import errors as _errors
 from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step
 from estafeta.idempotency.problem import HttpResponse
-from sql import plan
-from sql.errors import EstafetaError
+from estafeta_sql import plan
+from estafeta_sql.errors import EstafetaError
 
 from ._step_session import Lent, SessionRolledBack, session
 

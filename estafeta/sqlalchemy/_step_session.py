@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from estafeta.steps.context import StepContext
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 _RESOURCE = "estafeta.sqlalchemy.session"
 _lending: contextvars.ContextVar[Lent | None] = contextvars.ContextVar("estafeta_sqlalchemy_lending", default=None)

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from estafeta.events.store import ANY, EventMetadata, EventStore, ExpectedVersion, RecordedEvent
 from estafeta.idempotency.keys import Idempotency, IdempotentRequest, Step
 from estafeta.idempotency.problem import HttpResponse
-from sql import plan
+from estafeta_sql import plan
 
 from .. import aio
 from . import NoTransaction, checked

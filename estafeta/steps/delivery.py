@@ -36,8 +36,8 @@ from estafeta.steps.foreign import refusal
 from estafeta.steps.outcome import Outcome
 from estafeta.steps.parking import answer, is_last_attempt, park
 from estafeta.steps.spec import StepSpec
-from sql.errors import LockNotAcquired
-from sql.pool import Database, translate_errors
+from estafeta_sql.errors import LockNotAcquired
+from estafeta_sql.pool import Database, translate_errors
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Messages of another deployment: never run, parked as dead letters, said once per deployment in the log.
 
-Each relay names its deployment in the messages it publishes (``brokers.deployments``). A
+Each relay names its deployment in the messages it publishes (``estafeta_brokers.deployments``). A
 worker that receives a message naming another deployment parks it in its own service's dead
 letters, with a reason naming both, and acknowledges it: running it would apply another
 deployment's command to this one's tables. A message naming no deployment (sent with
@@ -15,9 +15,9 @@ from typing import Any
 
 import dramatiq
 
-from brokers.deployments import DEPLOYMENT_OPTION
 from estafeta.app.deployment import deployment_name
 from estafeta.app.runtime import Runtime
+from estafeta_brokers.deployments import DEPLOYMENT_OPTION
 
 # A delivery's log lines come from one logger, whichever module writes them.
 logger = logging.getLogger("estafeta.steps.delivery")
@@ -37,7 +37,7 @@ def refusal(runtime: Runtime, message: dramatiq.Message[Any]) -> str | None:
     """Why ``message`` must not run here (it names another deployment), or ``None`` (ours, or unnamed).
 
     The first refusal of each foreign deployment in this process logs one line; later ones
-    are only parked. Raises :class:`sql.errors.DatabaseUnavailable` if this deployment's
+    are only parked. Raises :class:`estafeta_sql.errors.DatabaseUnavailable` if this deployment's
     name must be asked of a database that cannot be reached (the delivery is retried).
     """
     theirs = message.options.get(DEPLOYMENT_OPTION)

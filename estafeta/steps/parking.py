@@ -22,8 +22,8 @@ from estafeta.messaging.messages import to_json
 from estafeta.steps.context import REPLY_TO, Reply, StepContext
 from estafeta.steps.outcome import Outcome
 from estafeta.steps.spec import StepSpec
-from sql import inbox
-from sql.pool import Database
+from estafeta_sql import inbox
+from estafeta_sql.pool import Database
 
 # A delivery's log lines come from one logger, whichever module writes them: a logging
 # configuration (and an operator's filter) names it.

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from sql.plan import Statement
+from estafeta_sql.plan import Statement
 
 
 @attrs.frozen

@@ -32,9 +32,9 @@ import psycopg
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
 
-from sql import inbox, plan
-from sql.errors import DatabaseError
-from sql.queries import query
+from estafeta_sql import inbox, plan
+from estafeta_sql.errors import DatabaseError
+from estafeta_sql.queries import query
 
 #: The savepoint a business failure rolls back to: the step's work, not its inbox record.
 SAVEPOINT = "estafeta_step"

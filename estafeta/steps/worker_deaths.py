@@ -18,9 +18,9 @@ import logging
 import uuid
 from collections.abc import Iterator
 
-from sql import inbox
-from sql.errors import DatabaseUnavailable
-from sql.pool import Database
+from estafeta_sql import inbox
+from estafeta_sql.errors import DatabaseUnavailable
+from estafeta_sql.pool import Database
 
 logger = logging.getLogger(__name__)
 

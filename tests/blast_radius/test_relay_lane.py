@@ -57,7 +57,7 @@ def write_workload(database_url: str, expected: dict[str | None, list[int]], rou
 
 def cli(database_url: str, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "cli", "outbox", *args],
+        [sys.executable, "-m", "estafeta_cli", "outbox", *args],
         cwd=ROOT,
         env=service_env(database_url, "stub://"),
         capture_output=True,

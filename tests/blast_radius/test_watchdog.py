@@ -22,8 +22,8 @@ import pytest
 from psycopg import sql as pgsql
 
 from estafeta import App, Runtime, Saga, SagaStep, SagaTransition, Service, Settings, StepContext, Watchdog
-from sql import sagas
-from sql.pool import describe_dsn
+from estafeta_sql import sagas
+from estafeta_sql.pool import describe_dsn
 
 from ..helpers import wait_until
 from ..integration.processes import ROOT, service_env
@@ -183,7 +183,7 @@ def test_a_poisoned_saga_and_a_stranded_one_stop_only_themselves(
         assert errors_metric() - errors_before == 3
         command = ["--app", f"{__name__}:APP", "sagas", "list", "--saga", "work", "--status", "failed"]
         listed = subprocess.run(
-            [sys.executable, "-m", "cli", *command],
+            [sys.executable, "-m", "estafeta_cli", *command],
             cwd=ROOT,
             env=service_env(database_url, "stub://"),
             capture_output=True,

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import psycopg
 
-from sql import migrate
+from estafeta_sql import migrate
 
 
 def migrate_events(conn: psycopg.Connection[Any], schema: str) -> None:

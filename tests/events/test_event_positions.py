@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from estafeta.events.store import EventStore
-from sql import embedded, event_store
+from estafeta_sql import embedded, event_store
 
 from .event_types import OrderCreated, registry
 from .support import EventSchema, migrate_events

@@ -25,7 +25,7 @@ from estafeta.events.store import (
     UnknownEventType,
     UnknownSchemaVersion,
 )
-from sql.queries import query
+from estafeta_sql.queries import query
 
 from .event_types import DEFAULT_CURRENCY, OrderConfirmed, OrderCreated, PaymentReceived, registry
 from .support import EventSchema

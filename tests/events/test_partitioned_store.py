@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from estafeta.events.store import NO_STREAM, ConcurrencyConflict, EventStore, ExpectedVersion
-from sql import migrate
+from estafeta_sql import migrate
 
 from .event_types import OrderConfirmed, OrderCreated, PaymentReceived, registry
 from .support import EventSchema, migrate_events

@@ -21,8 +21,8 @@ import pytest
 from estafeta.events.projections import Projector
 from estafeta.events.projector_run import run_projector
 from estafeta.events.store import EventStore
-from sql import event_store
-from sql.event_store import StoredEvent
+from estafeta_sql import event_store
+from estafeta_sql.event_store import StoredEvent
 
 from ..helpers import wait_until
 from .support import EventSchema
@@ -55,7 +55,7 @@ class NaiveProjector(Projector):
 
 
 class HighWaterProjector(Projector):
-    """Follows positions, but only up to the high-water mark (``sql.event_store.high_water_mark``)."""
+    """Follows positions, but only up to the high-water mark (``estafeta_sql.event_store.high_water_mark``)."""
 
     def __init__(self, dsn: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -17,7 +17,7 @@ from estafeta.events.projection_ops import projection_status
 from estafeta.events.projections import OnBadEvent, Projection, ProjectionContext, Projector
 from estafeta.events.projector_run import run_projector
 from estafeta.events.store import EventStore, RecordedEvent
-from sql import event_store, projection_store
+from estafeta_sql import event_store, projection_store
 
 from ..helpers import wait_until
 from .support import EventSchema

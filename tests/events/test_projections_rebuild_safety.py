@@ -12,7 +12,7 @@ from psycopg import sql
 from estafeta.events.projection_ops import RebuildError, projection_status, rebuild
 from estafeta.events.projections import Projector, rebuild_schema
 from estafeta.events.store import EventStore
-from sql import event_store
+from estafeta_sql import event_store
 
 from ..helpers import wait_until
 from .support import EventSchema

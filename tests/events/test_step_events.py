@@ -83,7 +83,7 @@ def test_two_deposits_racing_on_one_account_conflict_and_dramatiq_retries_one(ru
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", "--app", "tests.events.ledger", *args],
+        [sys.executable, "-m", "estafeta_cli", "--app", "tests.events.ledger", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -103,7 +103,17 @@ def test_the_projection_and_event_commands(dsn: str, runtime: Runtime) -> None:
         deposit(runtime, Deposit("ann", 12))
         wait_until(lambda: scalar(conn, "SELECT count(*) FROM ledger.inbox WHERE consumer = 'ledger.noted'") == 3)
     projector = subprocess.Popen(
-        [sys.executable, "-m", "cli", "--app", "tests.events.ledger", "projections", "run", "--poll-interval", "0.1"],
+        [
+            sys.executable,
+            "-m",
+            "estafeta_cli",
+            "--app",
+            "tests.events.ledger",
+            "projections",
+            "run",
+            "--poll-interval",
+            "0.1",
+        ],
         cwd=ROOT,
         env=env,
     )

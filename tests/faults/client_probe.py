@@ -4,7 +4,7 @@
 (``kafka-verbose``: ``kafka`` printing librdkafka's log lines down to INFO, repeats
 included), then one command a line; each answer is one JSON line
 ``{"command", "ok", "seconds", "error"}``. The clients are estafeta's own, configured as
-estafeta configures them (``sql.pool.Database``, the brokers of ``brokers.broker_from_url``
+estafeta configures them (``estafeta_sql.pool.Database``, the brokers of ``estafeta_brokers.broker_from_url``
 and Dramatiq's consumers on them), so the test measures what a worker or a relay would live
 through.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 
 def _postgres(url: str) -> Any:
-    from sql.pool import Database
+    from estafeta_sql.pool import Database
 
     db = Database(url, min_size=1, max_size=2, timeout=10)
 
@@ -47,7 +47,7 @@ def _postgres(url: str) -> Any:
 def _broker(url: str) -> Any:
     import dramatiq
 
-    from brokers import broker_from_url
+    from estafeta_brokers import broker_from_url
 
     broker = broker_from_url(url)
     broker.declare_queue("probe")
@@ -83,9 +83,9 @@ def _relay(url: str) -> Any:
     import uuid
     from datetime import UTC, datetime
 
-    from brokers.kafka_config import parse_kafka_url
-    from brokers.kafka_publish import KafkaPublisher
-    from sql.outbox import OutboxRow
+    from estafeta_brokers.kafka_config import parse_kafka_url
+    from estafeta_brokers.kafka_publish import KafkaPublisher
+    from estafeta_sql.outbox import OutboxRow
 
     publisher = KafkaPublisher(parse_kafka_url(url), confirm_timeout=5.0)
     ids = iter(range(1, 1_000_000))
@@ -142,7 +142,7 @@ def main() -> None:
     if kind == "kafka-verbose":  # every librdkafka line down to INFO, none held back as a repeat
         import logging
 
-        from brokers import kafka_config
+        from estafeta_brokers import kafka_config
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         kafka_config.ClientLog.__init__.__defaults__ = (0.0,)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from estafeta import Runtime, Settings
-from sql.errors import EstafetaError
+from estafeta_sql.errors import EstafetaError
 
 
 def main() -> None:

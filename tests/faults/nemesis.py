@@ -1,7 +1,7 @@
 """A nemesis schedule as Jepsen runs one: network faults, one at a time, during a saga workload.
 
 The order system runs in the fault harness: PostgreSQL, the broker (RabbitMQ, Redis or
-Kafka), the ``dramatiq actors`` workers, ``estafeta relay``, ``estafeta serve`` and a Redis
+Kafka), the ``dramatiq estafeta_actors`` workers, ``estafeta relay``, ``estafeta serve`` and a Redis
 lock server each in a namespace of their own, the test (and the ``estafeta`` commands it
 runs) in an observer's. Each fault starts, then a wave of orders is placed (``estafeta
 orders place``, as the kill runs do; over HTTP with Idempotency-Keys, retried until
@@ -42,7 +42,7 @@ import attrs
 import httpx
 import psycopg
 
-from actors.kill_and_recover import ROOT, Child, KillAndRecover, Plan
+from estafeta_actors.kill_and_recover import ROOT, Child, KillAndRecover, Plan
 
 from .network import Network, Node
 
@@ -244,7 +244,14 @@ class NemesisRun(KillAndRecover):
 
     def start(self, *, relay: bool = True) -> None:
         """The workers in the worker's namespace, the relay in the relay's, ``estafeta serve`` in the API's."""
-        workers = [str(self.bin / "dramatiq"), "actors", "--processes", "1", "--threads", str(self.plan.threads)]
+        workers = [
+            str(self.bin / "dramatiq"),
+            "estafeta_actors",
+            "--processes",
+            "1",
+            "--threads",
+            str(self.plan.threads),
+        ]
         self.workers = Child("workers", self.nodes["worker"].command(*workers), self.env, self.log_dir)
         if relay:
             argv = self.nodes["relay"].command(str(self.bin / "estafeta"), "relay")
@@ -534,8 +541,8 @@ class NemesisRun(KillAndRecover):
 
     def _charged_twice(self) -> list[str]:
         """Orders the ledger withdrew money for more than once without a refund between."""
-        from actors import payments
-        from actors.ledger import MoneyRefunded, MoneyWithdrawn, stream_of
+        from estafeta_actors import payments
+        from estafeta_actors.ledger import MoneyRefunded, MoneyWithdrawn, stream_of
 
         found = []
         with psycopg.connect(self.settings.database_url_for("payments"), autocommit=True) as conn:

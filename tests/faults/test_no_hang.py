@@ -26,8 +26,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from brokers.liveness import SILENT_FAILURE_BOUND as BROKER_BOUND
-from sql.liveness import SILENT_FAILURE_BOUND as POSTGRES_BOUND
+from estafeta_brokers.liveness import SILENT_FAILURE_BOUND as BROKER_BOUND
+from estafeta_sql.liveness import SILENT_FAILURE_BOUND as POSTGRES_BOUND
 
 from ..pg_servers import private_postgres
 from ..redis_servers import redis_servers
@@ -245,7 +245,7 @@ def test_a_rabbitmq_consumer_on_a_silent_cut_fails_within_the_bound_and_consumes
 def test_a_kafka_produce_into_a_silent_cut_fails_within_the_delivery_timeout_and_works_after_the_heal(
     net: Network,
 ) -> None:
-    from brokers.kafka import DELIVERY_TIMEOUT
+    from estafeta_brokers.kafka import DELIVERY_TIMEOUT
 
     from ..kafka_server import running_tansu, with_topic_prefix
 
@@ -317,7 +317,7 @@ def test_a_kafka_consumer_gives_up_a_request_on_a_silent_cut_within_the_socket_t
     its timeout, and the test URL's session is 2 s); with librdkafka's own 60 s it came after
     the deadline. After the heal, the same consumer gets its partitions again.
     """
-    from brokers.kafka_config import COMMON_DEFAULTS
+    from estafeta_brokers.kafka_config import COMMON_DEFAULTS
 
     from ..kafka_server import running_tansu, with_topic_prefix
 

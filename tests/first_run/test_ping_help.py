@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from cli import main as cli_main
+from estafeta_cli import main as cli_main
 
 
 def test_ping_help_says_what_a_pong_proves() -> None:

@@ -20,7 +20,7 @@ import dramatiq
 import psycopg
 from dramatiq.middleware import CurrentMessage
 
-from brokers import broker_from_url
+from estafeta_brokers import broker_from_url
 
 broker = broker_from_url(os.environ["ESTAFETA_BROKER_URL"])
 if "KAFKACHECK_DELIVERY_TIMEOUT" in os.environ:  # seconds the worker's producer waits for Kafka's ack

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from actors.kill_and_recover import KillAndRecover
+from estafeta_actors.kill_and_recover import KillAndRecover
 
 from .processes import BIN, Process, estafeta
 

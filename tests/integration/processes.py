@@ -78,7 +78,7 @@ class Process:
 
 
 def workers(
-    env: Mapping[str, str], log_dir: Path, *, processes: int = 1, threads: int = 4, module: str = "actors"
+    env: Mapping[str, str], log_dir: Path, *, processes: int = 1, threads: int = 4, module: str = "estafeta_actors"
 ) -> Process:
     """``dramatiq <module>`` worker processes."""
     argv = [str(BIN / "dramatiq"), module, "--processes", str(processes), "--threads", str(threads)]

@@ -10,7 +10,7 @@ from typing import Any
 import dramatiq
 import psycopg
 
-from brokers import broker_from_url
+from estafeta_brokers import broker_from_url
 
 from ..rabbit_servers import free_port, private_rabbitmq_node
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from actors.pingpong import Ping
-from brokers import broker_from_url
-from sql import inbox
+from estafeta_actors.pingpong import Ping
+from estafeta_brokers import broker_from_url
+from estafeta_sql import inbox
 
 from ..helpers import message_for, now, scalar, wait_until
 from ..services import BROKER_URL_FIXTURES
@@ -32,7 +32,7 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 
 
 def _ping_through_outbox(conn: psycopg.Connection[object], count: int) -> list[uuid.UUID]:
-    from actors.pingpong import SERVICE as pingpong_service
+    from estafeta_actors.pingpong import SERVICE as pingpong_service
 
     ids = [uuid.uuid4() for _ in range(count)]
     with conn.transaction():

@@ -428,8 +428,8 @@ def test_the_charts_draw_the_sagas_started_and_redraw_without_reloading_the_page
 
 def sagas_in_every_state(runtime: Any, conn: psycopg.Connection[Any]) -> dict[str, str]:
     """Real order sagas, one in each status, driven by the courier (a failed one is made so by hand); their ids."""
-    from actors.order_saga import ORDER_SAGA
-    from sql import sagas
+    from estafeta_actors.order_saga import ORDER_SAGA
+    from estafeta_sql import sagas
 
     from ..shop import Courier, place, seed
 
@@ -481,11 +481,11 @@ def test_every_page_on_sagas_in_every_state_from_a_count_to_the_path_taken(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from actors.app import app as order_system
-    from actors.order_events import STORE
-    from actors.order_history import OrderSummary
-    from actors.payments import ChargePayment
     from estafeta import Projector
+    from estafeta_actors.app import app as order_system
+    from estafeta_actors.order_events import STORE
+    from estafeta_actors.order_history import OrderSummary
+    from estafeta_actors.payments import ChargePayment
 
     ids = sagas_in_every_state(runtime, conn)
     projector = Projector(OrderSummary(), STORE)

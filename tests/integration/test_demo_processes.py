@@ -50,7 +50,7 @@ def test_the_demo_s_workers_stop_when_the_demo_is_killed(amqp_url: str, database
     # went on taking the run's messages (seen when a test's timeout killed the Kafka demo).
     env = service_env(database_url, amqp_url, ESTAFETA_SAGA_STEP_TIMEOUT="30")
     demo = subprocess.Popen(
-        [sys.executable, "-m", "cli", "demo", "--orders", "500", "--processes", "1", "--json"],
+        [sys.executable, "-m", "estafeta_cli", "demo", "--orders", "500", "--processes", "1", "--json"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

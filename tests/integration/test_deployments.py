@@ -1,7 +1,7 @@
 """Two deployments of the order system on one RabbitMQ vhost, and on one Redis namespace.
 
 Each deployment has its own database (so its own name, ``estafeta.app.deployment``), its
-own ``dramatiq actors`` workers and ``estafeta relay``. While both consume the shared queues,
+own ``dramatiq estafeta_actors`` workers and ``estafeta relay``. While both consume the shared queues,
 each one's workers take a share of the other's messages: they park them as dead letters
 naming both deployments, never run them. Then one deployment runs alone, and the other: the
 sagas whose messages the other parked are re-sent by their watchdog. Every saga of each ends
@@ -21,11 +21,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from actors.kill_and_recover import KillAndRecover, Plan
-from brokers import broker_from_url
-from brokers.queue_consumers import queue_consumers
 from estafeta import Runtime
 from estafeta.app.deployment import deployment_name
+from estafeta_actors.kill_and_recover import KillAndRecover, Plan
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.queue_consumers import queue_consumers
 
 from ..services import RUN_ID, rabbitmq_vhost, require_redis, scratch_database
 from .order_runs import wait_until

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from actors.pingpong import SERVICE as pingpong_service
-from actors.pingpong import Ping
+from estafeta_actors.pingpong import SERVICE as pingpong_service
+from estafeta_actors.pingpong import Ping
 
 from ..helpers import wait_until
 from . import processes

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg import sql as pgsql
 
-from actors.app import app as order_system
 from estafeta import Runtime, Settings
+from estafeta_actors.app import app as order_system
 
 from ..helpers import scalar, wait_until
 from ..http_server import Server, backend_gone, blocked_insert, orders_table_locked, serving

@@ -35,8 +35,9 @@ from .tutorial import Tutorial, expand
 pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 ROOT = processes.ROOT
-#: The top-level packages the distribution installs.
-PACKAGES = ("estafeta", "actors", "brokers", "sql", "cli")
+#: The repository's folders the distribution installs, and the names it installs them under.
+INSTALLED = {"estafeta": "estafeta", **{f: f"estafeta_{f}" for f in ("actors", "brokers", "sql", "cli", "console")}}
+PACKAGES = tuple(INSTALLED)
 
 
 def _run(argv: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
@@ -95,10 +96,16 @@ def _tracked(*paths: str) -> set[str]:
 
 def test_the_wheel_and_the_sdist_hold_every_file_of_the_packages(dist: Path) -> None:
     files = _tracked(*PACKAGES)
-    assert {"estafeta/py.typed", "sql/migrations/_saga/0001_tables.sql", "cli/templates/console.html"} <= files
+    assert {
+        "estafeta/py.typed",
+        "sql/migrations/_saga/0001_tables.sql",
+        "console/pages/templates/console.html",
+    } <= files
     (wheel,) = dist.glob("estafeta-*-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as whl:
-        assert files - set(whl.namelist()) == set()
+        installed = {INSTALLED[name.split("/")[0]] + name[len(name.split("/")[0]) :] for name in files}
+        assert installed - set(whl.namelist()) == set()
+        assert not {name.split("/")[0] for name in whl.namelist()} & {"actors", "brokers", "sql", "cli", "console"}
     (sdist,) = dist.glob("estafeta-*.tar.gz")
     with tarfile.open(sdist) as tar:
         top = sdist.name.removesuffix(".tar.gz")
@@ -108,7 +115,7 @@ def test_the_wheel_and_the_sdist_hold_every_file_of_the_packages(dist: Path) -> 
 
 def test_the_installed_wheel_runs_estafeta_help_and_the_embedded_demo(venv: Path, tmp_path: Path) -> None:
     env, bin_ = user_env(venv), venv / "bin"
-    where = _run([str(bin_ / "python"), "-c", "import estafeta, sql; print(estafeta.__file__, sql.__file__)"],
+    where = _run([str(bin_ / "python"), "-c", "import estafeta as e, estafeta_sql as s; print(e.__file__, s.__file__)"],
                  cwd=tmp_path, env=env, timeout=60)  # fmt: skip
     assert where.returncode == 0, where.stderr
     assert all(path.startswith(str(venv)) for path in where.stdout.split()), where.stdout
@@ -119,6 +126,47 @@ def test_the_installed_wheel_runs_estafeta_help_and_the_embedded_demo(venv: Path
     demo = _run([str(bin_ / "estafeta"), "demo", "--orders", "20"], cwd=tmp_path, env=env, timeout=900)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert (tmp_path / ".estafeta").is_dir()
+
+
+#: A project's own modules under the names the repository's folders have, beside its app.
+OWN_MODULES = {
+    "sql.py": "MINE = 'sql'\n",
+    "brokers.py": "MINE = 'brokers'\n",
+    "cli.py": "MINE = 'cli'\n",
+    "actors/__init__.py": "MINE = 'actors'\n",
+    "console.py": "MINE = 'console'\n",
+    "shop.py": (
+        "import estafeta\n"
+        "import actors, brokers, cli, console, sql\n"
+        "mine = {m.MINE for m in (actors, brokers, cli, console, sql)}\n"
+        "assert mine == {'actors', 'brokers', 'cli', 'console', 'sql'}, mine\n"
+        "desk = estafeta.Service('desk')\n"
+        "app = estafeta.App('shop', services=[desk])\n"
+        "broker = app.bind().broker\n"
+    ),
+}
+
+
+def test_a_project_with_its_own_sql_brokers_cli_actors_and_console_modules_runs_estafeta(
+    venv: Path, tmp_path: Path, database_url: str, amqp_url: str
+) -> None:
+    for name, text in OWN_MODULES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = user_env(venv, ESTAFETA_DATABASE_URL=database_url, ESTAFETA_BROKER_URL=amqp_url, PYTHONPATH=str(tmp_path))
+    bin_ = venv / "bin"
+    for command in (["--app", "shop:app", "migrate"], ["--app", "shop:app", "outbox", "stats"]):
+        done = _run([str(bin_ / "estafeta"), *command], cwd=tmp_path, env=env, timeout=120)
+        assert done.returncode == 0, f"estafeta {' '.join(command)}: {done.stdout}{done.stderr}"
+    argv = [str(bin_ / "dramatiq"), "shop", "--processes", "1"]
+    worker = processes.Process("shop-workers", argv, env, tmp_path, cwd=tmp_path)
+    try:
+        wait_until(lambda: "ready for action" in worker.output(), timeout=120, what="the project's worker ready")
+        assert worker.popen.poll() is None, worker.output()
+    finally:
+        worker.stop()
+    printed = worker.log.read_text(errors="replace")
+    assert "Error" not in printed, printed
 
 
 @pytest.fixture

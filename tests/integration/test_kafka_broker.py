@@ -17,9 +17,9 @@ import dramatiq
 import psycopg
 import pytest
 
-from brokers import broker_from_url
-from brokers.kafka import KafkaBroker
-from brokers.kafka_config import parse_kafka_url
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.kafka import KafkaBroker
+from estafeta_brokers.kafka_config import parse_kafka_url
 
 from ..helpers import scalar, wait_until
 from ..kafka_server import with_topic_prefix

@@ -1,4 +1,4 @@
-"""``estafeta demo`` on Kafka: two ``dramatiq actors`` processes and the relay, as a user runs it."""
+"""``estafeta demo`` on Kafka: two ``dramatiq estafeta_actors`` processes and the relay, as a user runs it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 def test_the_demo_runs_end_to_end_on_kafka_and_reconciles(kafka_url: str, database_url: str, runtime) -> None:
     env = service_env(database_url, kafka_url, ESTAFETA_SAGA_STEP_TIMEOUT="30")
     result = subprocess.run(
-        [sys.executable, "-m", "cli", "demo", "--orders", "60", "--seed", "3", "--json"],
+        [sys.executable, "-m", "estafeta_cli", "demo", "--orders", "60", "--seed", "3", "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -2,7 +2,7 @@
 two of which are SIGKILLed mid-run and started again.
 
 What can be tested of Kafka's partitions and consumer groups on one Tansu (memory storage, one
-broker): each queue's topic has 12 partitions, four ``dramatiq actors`` processes share every
+broker): each queue's topic has 12 partitions, four ``dramatiq estafeta_actors`` processes share every
 queue's consumer group, and two of them die by SIGKILL while sagas run, so their partitions move
 to the survivors with messages in flight (a rebalance), and move again when the two come back.
 Afterwards: every saga completed or compensated, money and stock conserved, nobody charged twice,
@@ -26,9 +26,9 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from actors.kill_and_recover import Child, KillAndRecover, Plan
-from brokers.kafka_config import parse_kafka_url
 from estafeta.steps.context import REPLY_TO
+from estafeta_actors.kill_and_recover import Child, KillAndRecover, Plan
+from estafeta_brokers.kafka_config import parse_kafka_url
 
 from ..helpers import scalar, wait_until
 from ..kafka_support import Record, committed_offsets, read_topic
@@ -43,7 +43,7 @@ QUEUES = ("orders", "payments", "inventory", "notifications")
 
 
 class FourWorkers:
-    """Four ``dramatiq actors`` processes of their own (each its own process group) and one relay."""
+    """Four ``dramatiq estafeta_actors`` processes of their own (each its own process group) and one relay."""
 
     def __init__(self, run: KillAndRecover, log_dir: Path) -> None:
         self.run = run
@@ -52,7 +52,7 @@ class FourWorkers:
         self.relay = Child("relay", [str(run.bin / "estafeta"), "relay"], run.env, log_dir)
 
     def _worker(self, index: int) -> Child:
-        argv = [str(self.run.bin / "dramatiq"), "actors", "--processes", "1", "--threads", "4"]
+        argv = [str(self.run.bin / "dramatiq"), "estafeta_actors", "--processes", "1", "--threads", "4"]
         # Its database sessions carry its name, so the test sees when it is inside a step's transaction.
         env = {**self.run.env, "PGAPPNAME": self.name(index)}
         return Child(f"worker{index}", argv, env, self.log_dir)

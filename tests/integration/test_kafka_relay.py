@@ -14,7 +14,7 @@ import signal
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from brokers.kafka_config import parse_kafka_url
+from estafeta_brokers.kafka_config import parse_kafka_url
 
 from ..helpers import scalar, wait_until
 from ..kafka_support import read_topic

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from brokers import broker_from_url
 from estafeta import Runtime, deliver
+from estafeta_brokers import broker_from_url
 from tests.app import STEPS
 
 from ..helpers import message_for, scalar, wait_until

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from actors.kill_and_recover import Plan
+from estafeta_actors.kill_and_recover import Plan
 
 from ..pg_servers import PostgresServer, failover_dsn, private_postgres
 from .order_runs import (

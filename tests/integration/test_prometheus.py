@@ -1,7 +1,7 @@
 """A real Prometheus scrapes running `dramatiq` workers and `estafeta relay`; the stuck-saga alert fires.
 
 The shipped rules (ops/prometheus/alerts.yml) are loaded with every ``for:`` cut to one
-second, and Prometheus scrapes every second. Two `dramatiq actors` commands run the order
+second, and Prometheus scrapes every second. Two `dramatiq estafeta_actors` commands run the order
 system, each on a metrics port of its own: one for payments, one for the rest; the relay
 serves its own. An order placed with `estafeta orders place` completes; then the payments
 command is killed, the next order waits at charge_payment, and EstafetaSagasStuck fires
@@ -39,7 +39,16 @@ NOT_HAPPENED = (
 
 
 def _workers(env: dict[str, str], log_dir: Path, name: str, port: int, *queues: str) -> processes.Process:
-    argv = [str(processes.BIN / "dramatiq"), "actors", "--processes", "1", "--threads", "2", "--queues", *queues]
+    argv = [
+        str(processes.BIN / "dramatiq"),
+        "estafeta_actors",
+        "--processes",
+        "1",
+        "--threads",
+        "2",
+        "--queues",
+        *queues,
+    ]
     return processes.Process(name, argv, {**env, "ESTAFETA_METRICS_PORT": str(port)}, log_dir)
 
 

@@ -27,14 +27,19 @@ import psycopg
 import pytest
 from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL, RabbitmqBroker
 
-from actors.kill_and_recover import KillAndRecover, Plan
-from brokers import broker_from_url, rabbitmq_redeclare
-from brokers.publish import publisher_for, to_message
-from brokers.rabbitmq_queues import QueueDeclarations, QueueMismatch, QueueTypedRabbitmqBroker, check_quorum_arguments
-from brokers.rabbitmq_redeclare import HOLDING_SUFFIX, Action, RedeclareRefused, redeclare_queues
+from estafeta_actors.kill_and_recover import KillAndRecover, Plan
+from estafeta_brokers import broker_from_url, rabbitmq_redeclare
+from estafeta_brokers.publish import publisher_for, to_message
+from estafeta_brokers.rabbitmq_queues import (
+    QueueDeclarations,
+    QueueMismatch,
+    QueueTypedRabbitmqBroker,
+    check_quorum_arguments,
+)
+from estafeta_brokers.rabbitmq_redeclare import HOLDING_SUFFIX, Action, RedeclareRefused, redeclare_queues
+from estafeta_sql import inbox
+from estafeta_sql.outbox import OutboxRow
 from examples.welcome import app as welcome_app
-from sql import inbox
-from sql.outbox import OutboxRow
 
 from ..helpers import scalar, wait_until
 from ..probe import SERVICE as probe

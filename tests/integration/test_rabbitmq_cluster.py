@@ -23,8 +23,8 @@ import pika.exceptions
 import psycopg
 import pytest
 
-from actors.kill_and_recover import KillAndRecover, Plan
-from brokers import broker_from_url
+from estafeta_actors.kill_and_recover import KillAndRecover, Plan
+from estafeta_brokers import broker_from_url
 
 from ..rabbit_servers import RabbitNode, rabbitmq_cluster
 

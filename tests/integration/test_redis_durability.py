@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from brokers import broker_from_url
-from brokers.publish import publisher_for
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.publish import publisher_for
 
 from ..helpers import scalar, wait_until
 from ..redis_servers import free_port

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from actors.pingpong import Ping
+from estafeta_actors.pingpong import Ping
 
 from ..helpers import now, scalar, wait_until
 from ..relay_support import add, arrivals, check_order
@@ -39,7 +39,7 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 
 
 def pings(conn: psycopg.Connection[object], count: int) -> None:
-    from actors.pingpong import SERVICE as pingpong_service
+    from estafeta_actors.pingpong import SERVICE as pingpong_service
 
     with conn.transaction():
         for _ in range(count):

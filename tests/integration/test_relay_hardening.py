@@ -15,8 +15,8 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from psycopg.types.json import Jsonb
 
-from brokers import broker_from_url
-from brokers.publish import publisher_for
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.publish import publisher_for
 
 from ..helpers import scalar, wait_until
 from ..relay_support import add

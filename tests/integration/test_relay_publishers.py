@@ -13,13 +13,13 @@ import dramatiq
 import pika
 import pytest
 
-from brokers import broker_from_url
-from brokers.outboxes import Outbox
-from brokers.publish import publisher_for, to_message
-from brokers.rabbitmq import RabbitmqPublisher
-from brokers.redis import RedisPublisher
-from brokers.relay import Relay, RelayConfig
-from sql.outbox import OutboxRow
+from estafeta_brokers import broker_from_url
+from estafeta_brokers.outboxes import Outbox
+from estafeta_brokers.publish import publisher_for, to_message
+from estafeta_brokers.rabbitmq import RabbitmqPublisher
+from estafeta_brokers.redis import RedisPublisher
+from estafeta_brokers.relay import Relay, RelayConfig
+from estafeta_sql.outbox import OutboxRow
 
 from ..relay_support import SCHEMA, add
 from ..services import rabbitmq_policy
@@ -167,7 +167,7 @@ def test_a_url_naming_several_rabbitmq_hosts_reaches_the_first_that_answers(
         broker.enqueue(to_message(row(1, queue=queue)))  # Dramatiq's own connection
         assert publisher.publish([row(2, queue=queue)]).confirmed == [2]  # the relay's
         # The relay says it failed over, and from where.
-        warnings = [r.getMessage() for r in caplog.records if r.name == "brokers.rabbitmq"]
+        warnings = [r.getMessage() for r in caplog.records if r.name == "estafeta_brokers.rabbitmq"]
         assert any(
             f"connected to RabbitMQ at {parts.hostname}:{parts.port}; not reached: 127.0.0.1:{dead}:" in w
             for w in warnings

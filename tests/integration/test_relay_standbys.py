@@ -15,11 +15,11 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from brokers.outboxes import Outbox
-from brokers.publish import publisher_for
-from brokers.relay import Relay, RelayConfig
-from sql.errors import StandbysBehind
-from sql.pool import Database
+from estafeta_brokers.outboxes import Outbox
+from estafeta_brokers.publish import publisher_for
+from estafeta_brokers.relay import Relay, RelayConfig
+from estafeta_sql.errors import StandbysBehind
+from estafeta_sql.pool import Database
 
 from ..pg_servers import PostgresServer, private_postgres
 from .processes import estafeta, service_env

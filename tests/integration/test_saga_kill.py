@@ -1,4 +1,4 @@
-"""The order saga with real `dramatiq actors` workers and a real relay, killed with SIGKILL.
+"""The order saga with real `dramatiq estafeta_actors` workers and a real relay, killed with SIGKILL.
 
 Orders are placed with `estafeta orders place --count`; the workers and the relay are
 killed while sagas run, the workers again while sagas compensate, and everything is
@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from actors.kill_and_recover import KillAndRecover, Plan
+from estafeta_actors.kill_and_recover import KillAndRecover, Plan
 
 from ..helpers import scalar
 from ..services import scratch_database
@@ -139,7 +139,7 @@ ORDERS_PER_BROKER = {"rabbitmq": 1000, "redis": 300, "kafka": 300}
 def test_done_means_a_thousand_orders_on_two_worker_processes_survive_kills(
     broker_url: str, database_url: str, runtime, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The full run: `dramatiq actors --processes 2` and `estafeta relay`,
+    """The full run: `dramatiq estafeta_actors --processes 2` and `estafeta relay`,
     `estafeta orders place --count 1000`, workers and relay killed and restarted mid-way.
 
     A thousand orders on RabbitMQ; 300 on Redis and Kafka (see ``ORDERS_PER_BROKER``).

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from estafeta import Runtime, Scheduler
-from sql import schedule_store
+from estafeta_sql import schedule_store
 
 from ..ticker import app
 from .processes import Process, relay, service_env, workers

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from actors.kill_and_recover import Plan
+from estafeta_actors.kill_and_recover import Plan
 
 from ..helpers import scalar
 from ..pg_servers import private_postgres

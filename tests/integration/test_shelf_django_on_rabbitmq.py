@@ -12,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from brokers import broker_from_url
+from estafeta_brokers import broker_from_url
 
 from ..helpers import scalar, wait_until
 from ..services import scratch_database

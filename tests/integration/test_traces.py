@@ -1,4 +1,4 @@
-"""One order, one trace, across processes: `estafeta orders place`, `dramatiq actors` workers, `estafeta relay`.
+"""One order, one trace, across processes: `estafeta orders place`, the order system's workers, `estafeta relay`.
 
 Every process runs under `opentelemetry-instrument` (the SDK and the OTLP/HTTP exporter
 configured from OTEL_* variables, as the README tells users) and exports to a receiver the
@@ -79,7 +79,16 @@ def test_one_order_is_one_trace_across_the_cli_the_workers_and_the_relay(
         endpoint = f"http://127.0.0.1:{receiver.port}"
         env = processes.service_env(database_url, amqp_url)
         agent = str(processes.BIN / "opentelemetry-instrument")
-        workers_argv = [agent, str(processes.BIN / "dramatiq"), "actors", "--processes", "2", "--threads", "2", "-v"]
+        workers_argv = [
+            agent,
+            str(processes.BIN / "dramatiq"),
+            "estafeta_actors",
+            "--processes",
+            "2",
+            "--threads",
+            "2",
+            "-v",
+        ]
         workers = processes.Process("workers", workers_argv, instrumented(env, "workers", endpoint), tmp_path)
         relay_argv = [agent, str(processes.BIN / "estafeta"), "--log-format", "json", "-vv", "relay"]
         relay = processes.Process("relay", relay_argv, instrumented(env, "relay", endpoint), tmp_path)
@@ -88,7 +97,7 @@ def test_one_order_is_one_trace_across_the_cli_the_workers_and_the_relay(
             done = subprocess.run(
                 [*place, "--amount", "100", "--json"],
                 cwd=processes.ROOT,
-                env=instrumented(env, "cli", endpoint),
+                env=instrumented(env, "estafeta_cli", endpoint),
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -106,7 +115,7 @@ def test_one_order_is_one_trace_across_the_cli_the_workers_and_the_relay(
 
     by_id = {s.span_id: s for s in trace}
     (root,) = [s for s in trace if not s.parent_id]
-    assert root.name == "orders place" and root.service == "cli"
+    assert root.name == "orders place" and root.service == "estafeta_cli"
     processed = [s for s in trace if s.name.startswith("process ")]
     created = [s for s in trace if s.name.startswith("create ")]
     assert {s.service for s in processed} == {"workers"}

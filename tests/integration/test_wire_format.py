@@ -19,9 +19,9 @@ import pytest
 import redis
 from dramatiq.brokers.rabbitmq import DEAD_MESSAGE_TTL
 
-from brokers import broker_from_url, split_namespace
-from brokers.publish import publisher_for, to_message
-from sql.outbox import OutboxRow
+from estafeta_brokers import broker_from_url, split_namespace
+from estafeta_brokers.publish import publisher_for, to_message
+from estafeta_sql.outbox import OutboxRow
 from tests.services import rabbitmq_queues
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sql import inbox
+from estafeta_sql import inbox
 
 from ..helpers import scalar, wait_until
 from ..probe import SERVICE as probe

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.pingpong import SERVICE as pingpong
 from estafeta.observability.worker_metrics import command_id, sweep
+from estafeta_actors.pingpong import SERVICE as pingpong
 
 from ..helpers import scalar, wait_until
 from . import processes
@@ -76,6 +76,6 @@ def test_two_worker_processes_serve_their_summed_metrics_on_one_port(
 def pingpong_message() -> object:
     from datetime import UTC, datetime
 
-    from actors.pingpong import Ping
+    from estafeta_actors.pingpong import Ping
 
     return Ping(uuid.uuid4(), datetime.now(UTC))
