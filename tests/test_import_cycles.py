@@ -15,6 +15,22 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "scripts" / "check_import_cycles.py"
 
 
+#: Two modules whose types name each other: ``saga`` imports ``app`` under TYPE_CHECKING only.
+TYPE_ONLY_LOOP = {
+    "app": "from .saga import Saga\n\nclass App: ...\n",
+    "saga": """\
+        from __future__ import annotations
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from .app import App
+
+        class Saga:
+            def __init__(self, app: App) -> None:
+                self.app = app
+        """,
+}
+
+
 def check(cwd: Path, *packages: str) -> subprocess.CompletedProcess[str]:
     """Run the check as `make lint` does, from ``cwd``."""
     return subprocess.run(
@@ -73,19 +89,7 @@ def test_a_loop_closed_only_by_a_type_checking_import_passes(tmp_path: Path) -> 
     package(
         tmp_path,
         "loop",
-        {
-            "app": "from .saga import Saga\n\nclass App: ...\n",
-            "saga": """\
-                from __future__ import annotations
-                from typing import TYPE_CHECKING
-                if TYPE_CHECKING:
-                    from .app import App
-
-                class Saga:
-                    def __init__(self, app: App) -> None:
-                        self.app = app
-                """,
-        },
+        TYPE_ONLY_LOOP,
     )
     result = check(tmp_path, "loop")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -95,19 +99,7 @@ def test_a_loop_closed_only_by_a_type_checking_import_fails_with_type_checking(t
     package(
         tmp_path,
         "loop",
-        {
-            "app": "from .saga import Saga\n\nclass App: ...\n",
-            "saga": """\
-                from __future__ import annotations
-                from typing import TYPE_CHECKING
-                if TYPE_CHECKING:
-                    from .app import App
-
-                class Saga:
-                    def __init__(self, app: App) -> None:
-                        self.app = app
-                """,
-        },
+        TYPE_ONLY_LOOP,
     )
     result = check(tmp_path, "--type-checking", "loop")
     assert result.returncode == 1, result.stdout + result.stderr

@@ -99,8 +99,8 @@ def bind_app(
             broker.add_middleware(WorkerMetrics(app.service_names, app.sagas, ServiceSpec.of_app(app)))
     if runtime.embedded and not has_middleware(broker, EmbeddedDatabaseNotice):
         broker.add_middleware(EmbeddedDatabaseNotice())
-    _warn_of_moved_clocks(broker, runtime, app)
-    _refuse_refused_databases(broker, runtime, app)
+    _per_service(broker, MovedClockWarning, runtime, app)
+    _per_service(broker, RefuseRefusedDatabase, runtime, app)
     dramatiq.set_broker(broker)
     tracing.use_messaging_system(messaging_system(broker))
     actors = declare_actors(broker, runtime, app.steps.values())
@@ -115,20 +115,15 @@ def bind_app(
     return Declared(broker, runtime, actors)
 
 
-def _warn_of_moved_clocks(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
-    # Every `dramatiq` worker process says at boot which of its services' clocks are moved.
-    existing = find_middleware(broker, MovedClockWarning)
+def _per_service(
+    broker: dramatiq.Broker, kind: type[MovedClockWarning | RefuseRefusedDatabase], runtime: Runtime, app: Bindable
+) -> None:
+    # Every `dramatiq` worker process checks at boot, for each of its services, that its clock
+    # is PostgreSQL's (a warning) and that the server accepts its database (a refusal): one
+    # middleware of each kind per broker, extended by each app bound to it.
+    existing = find_middleware(broker, kind)
     if existing is None:
-        broker.add_middleware(MovedClockWarning(runtime, app.service_names))
-        return
-    existing.services.extend(s for s in app.service_names if s not in existing.services)
-
-
-def _refuse_refused_databases(broker: dramatiq.Broker, runtime: Runtime, app: Bindable) -> None:
-    # Every `dramatiq` worker process checks at boot that the servers accept its databases.
-    existing = find_middleware(broker, RefuseRefusedDatabase)
-    if existing is None:
-        broker.add_middleware(RefuseRefusedDatabase(runtime, app.service_names))
+        broker.add_middleware(kind(runtime, app.service_names))
         return
     existing.services.extend(s for s in app.service_names if s not in existing.services)
 
