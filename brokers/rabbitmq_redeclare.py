@@ -10,10 +10,13 @@ copy, so a crash part-way can duplicate a message (the consumers' inbox absorbs 
 copy) but never lose one; running it again finishes the job, holding queues first.
 
 Nobody may consume or publish meanwhile: a queue with a consumer (a worker) is refused
-before anything moves, and a queue that received a message while it was being emptied
-(a relay still running) is not deleted. RabbitMQ 3.10 takes no ``if_empty`` on quorum
-queues: a quorum queue's emptiness is checked just before its delete, which leaves a
-message published between the two unprotected: stop the relays first.
+before anything moves, and a classic queue that received a message while it was being
+emptied (a relay still running) is not deleted. RabbitMQ 3.10 takes no ``if_empty`` on
+quorum queues, so a quorum queue's emptiness can only be checked before its delete, and a
+message published between the two would be lost: a quorum queue is redeclared only once the
+caller's ``users`` names no live process that could publish to it or consume it (the CLI
+reads the heartbeats: every live relay of the app, every live worker of the queue);
+otherwise :class:`QueueInUse`, the queue left as it is.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ HOLDING_SUFFIX = ".redeclaring"
 
 class RedeclareRefused(Exception):
     """A queue cannot be redeclared now (say why, and what to do)."""
+
+
+class QueueInUse(RedeclareRefused):
+    """A quorum queue was left as it is: live processes could publish to it or consume it meanwhile."""
+
+
+#: The live processes (one description each) that could publish to or consume a queue, by its name.
+Users = Callable[[str], Sequence[str]]
 
 
 class Action(enum.Enum):
@@ -65,11 +76,14 @@ def redeclare_queues(
     declarations: QueueDeclarations,
     queue_names: Iterable[str],
     report: Callable[[Redeclared], None] = lambda _: None,
+    users: Users = lambda _: (),
 ) -> list[Redeclared]:
     """Make every queue of ``queue_names`` (with its ``.DQ`` and ``.XQ``) declared as ``declarations`` says.
 
-    Raises :class:`RedeclareRefused` if a queue has consumers or received messages meanwhile
-    (what was done until then stays done: run it again once fixed).
+    Raises :class:`RedeclareRefused` if a queue has consumers or received messages meanwhile,
+    and :class:`QueueInUse` before touching a quorum queue ``Q`` (or its ``.DQ``, ``.XQ``)
+    for which ``users(Q)`` names someone (what was done until then stays done: run it again
+    once fixed).
     """
     names = [name for canonical in sorted(set(queue_names)) for name, _ in declarations.of(canonical)]
     done: list[Redeclared] = []
@@ -81,7 +95,7 @@ def redeclare_queues(
         for name in names:  # every queue checked before anything moves
             _refuse_consumers(connection, name)
         for name in names:
-            done.append(_redeclare(connection, parameters, name, declarations))
+            done.append(_redeclare(connection, parameters, name, declarations, users))
             report(done[-1])
         return done
     except pika.exceptions.AMQPError as exc:
@@ -98,6 +112,7 @@ def _redeclare(
     parameters: Sequence[pika.ConnectionParameters],
     name: str,
     declarations: QueueDeclarations,
+    users: Users,
 ) -> Redeclared:
     arguments = declarations.arguments_of(name)
     holding = name + HOLDING_SUFFIX
@@ -111,9 +126,7 @@ def _redeclare(
         action = Action.UNCHANGED
     else:
         action = Action.REDECLARED
-        _declare(connection, holding, {"x-queue-type": declarations.queue_type})
-        _move(connection, name, holding)
-        _delete_empty(connection, parameters, name)
+        _replace(connection, parameters, name, declarations.queue_type, users)
         _declare(connection, name, arguments)
     if _exists(connection, holding):  # this run's, or one an interrupted run left
         moved = _move(connection, holding, name)
@@ -121,24 +134,80 @@ def _redeclare(
     return Redeclared(name, action, moved)
 
 
-def _delete_empty(connection: BlockingConnection, parameters: Sequence[pika.ConnectionParameters], name: str) -> None:
-    """Delete ``name`` only if it is empty and unconsumed; else :class:`RedeclareRefused`, the queue kept.
+def _replace(
+    connection: BlockingConnection,
+    parameters: Sequence[pika.ConnectionParameters],
+    name: str,
+    queue_type: str,
+    users: Users,
+) -> None:
+    """Delete ``name``, its messages kept in its holding queue; a quorum queue only if ``users`` names nobody.
 
-    RabbitMQ decides, with ``if_empty`` and ``if_unused``, so a message published after the
-    queue was emptied keeps it. On a connection of its own: a quorum queue refuses the flags
-    by closing the connection (``NOT_IMPLEMENTED``), and is then checked just before its delete.
+    The first delete (``if_empty``) tells the types apart without a change to a queue that holds
+    messages: RabbitMQ deletes an empty classic queue (nothing to keep), refuses a classic queue
+    that holds messages, and refuses any quorum queue with ``NOT_IMPLEMENTED``.
+    """
+    deleted, _ = _delete_if_empty(parameters, name)
+    if deleted is _Deletion.DELETED:
+        return
+    if deleted is _Deletion.QUORUM:
+        _refuse_users(name, users)
+    _declare(connection, name + HOLDING_SUFFIX, {"x-queue-type": queue_type})
+    _move(connection, name, name + HOLDING_SUFFIX)
+    _delete_empty(connection, parameters, name)
+
+
+def _refuse_users(name: str, users: Users) -> None:
+    found = users(name.removesuffix(".DQ").removesuffix(".XQ"))
+    if found:
+        raise QueueInUse(
+            f"quorum queue {name!r} cannot be redeclared while live processes could publish to it or consume it"
+            f" ({'; '.join(found)}): RabbitMQ takes no if-empty delete on a quorum queue, so a message published"
+            " meanwhile would be lost; stop them first, then run this again (the queue was left as it is)"
+        )
+
+
+class _Deletion(enum.Enum):
+    """What a delete with ``if_empty`` and ``if_unused`` did."""
+
+    DELETED = "deleted"
+    #: A classic queue holding messages or consumed: kept.
+    KEPT = "kept"
+    #: A quorum queue: RabbitMQ 3.10 takes neither flag, and kept it.
+    QUORUM = "quorum"
+
+
+def _delete_if_empty(parameters: Sequence[pika.ConnectionParameters], name: str) -> tuple[_Deletion, str]:
+    """Delete ``name`` if it is empty and unconsumed (RabbitMQ decides); what happened, and RabbitMQ's reply.
+
+    On a connection of its own: a quorum queue refuses the flags by closing the connection.
     """
     try:
         with pika.BlockingConnection(list(parameters)) as own:
             own.channel().queue_delete(name, if_unused=True, if_empty=True)
-        return
+        return _Deletion.DELETED, ""
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code != 406:  # PRECONDITION_FAILED: not empty, or consumed
             raise
-        raise RedeclareRefused(_not_empty(name, exc.reply_text)) from None
+        return _Deletion.KEPT, exc.reply_text
     except pika.exceptions.ConnectionClosedByBroker as exc:
         if exc.reply_code != 540:  # NOT_IMPLEMENTED: a quorum queue
             raise
+        return _Deletion.QUORUM, exc.reply_text
+
+
+def _delete_empty(connection: BlockingConnection, parameters: Sequence[pika.ConnectionParameters], name: str) -> None:
+    """Delete ``name`` only if it is empty and unconsumed; else :class:`RedeclareRefused`, the queue kept.
+
+    RabbitMQ decides, with ``if_empty`` and ``if_unused``, so a message published after a
+    classic queue was emptied keeps it. A quorum queue, which takes neither flag, is checked
+    just before its delete (its publishers were found stopped before it was emptied).
+    """
+    deleted, server_says = _delete_if_empty(parameters, name)
+    if deleted is _Deletion.DELETED:
+        return
+    if deleted is _Deletion.KEPT:
+        raise RedeclareRefused(_not_empty(name, server_says))
     found = _passive(connection, name)
     if found is not None and (found.message_count or found.consumer_count):
         raise RedeclareRefused(

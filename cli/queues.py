@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from .context import current
+
+if TYPE_CHECKING:
+    from estafeta.observability.liveness import ServedApp
+    from estafeta_sql.pool import Database
 
 
 @click.group("queues", invoke_without_command=True)
@@ -61,10 +69,12 @@ def redeclare_command() -> None:
     arguments (classic where quorum is configured, another ESTAFETA_MAX_DELIVERIES...) is
     emptied into a holding queue Q.redeclaring, deleted, declared again and refilled; the
     others are left alone. Stop every worker and relay first: a queue with a consumer is
-    refused before anything changes. Interrupted, it loses nothing; run it again to finish.
+    refused before anything changes, and so is a quorum queue while the heartbeats show a live
+    relay of the app or a live worker of the queue (exit code 2). Interrupted, it loses
+    nothing; run it again to finish.
     """
     from estafeta_brokers.rabbitmq_queues import QueueTypedRabbitmqBroker
-    from estafeta_brokers.rabbitmq_redeclare import Action, Redeclared, RedeclareRefused, redeclare_queues
+    from estafeta_brokers.rabbitmq_redeclare import Action, QueueInUse, Redeclared, RedeclareRefused, redeclare_queues
 
     context = current()
     broker = context.broker
@@ -73,15 +83,44 @@ def redeclare_command() -> None:
             f"ESTAFETA_BROKER_URL is not a RabbitMQ URL ({context.runtime.settings.redacted_broker_url})"
         )
     parameters = broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # Each probe (a queue not there yet, a queue with other arguments) closes a channel by
+        # design: pika's warning for each would bury the command's own lines (-vv shows them).
+        logging.getLogger("pika.channel").setLevel(logging.ERROR)
 
     def report(done: Redeclared) -> None:
         kept = f", {done.moved} message(s) kept" if done.moved or done.action is Action.REDECLARED else ""
         click.echo(f"{done.name}: {done.action.value} {broker.declarations.queue_type}{kept}")
 
+    users = functools.partial(_live_users, context.app, context.runtime.database)
     try:
-        redeclare_queues(parameters, broker.declarations, broker.get_declared_queues(), report)
+        redeclare_queues(parameters, broker.declarations, broker.get_declared_queues(), report, users)
+    except QueueInUse as exc:
+        raise StopThemFirst(str(exc)) from None
     except RedeclareRefused as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _live_users(app: ServedApp, database_of: Callable[[str], Database], queue: str) -> list[str]:
+    """Who could publish to or consume ``queue`` as the heartbeats say (``relay on HOST pid PID``)."""
+    from estafeta.observability.liveness import live_users_of_queue
+    from estafeta_brokers.rabbitmq_redeclare import RedeclareRefused
+
+    try:
+        rows = live_users_of_queue(app, database_of, queue)
+    except Exception as exc:  # whichever database error: nobody can tell who is live
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise RedeclareRefused(
+            f"cannot read the heartbeats to tell who could publish to quorum queue {queue!r}:"
+            f" {type(exc).__name__}: {first}; the queue was left as it is"
+        ) from None
+    return [f"{row.kind} on {row.host} pid {row.pid}" for row in rows]
+
+
+class StopThemFirst(click.ClickException):
+    """Refused until the processes named are stopped: exit code 2, like bad input (nothing to retry as is)."""
+
+    exit_code = 2
 
 
 COMMANDS = [queues_group]

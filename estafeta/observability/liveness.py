@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -220,6 +221,24 @@ def _first_line(exc: BaseException) -> str:
 def app_liveness(app: ServedApp, database_of: Callable[[str], Database], broker: dramatiq.Broker | None) -> Liveness:
     """:func:`read_liveness` of every service of ``app``."""
     return read_liveness(ServiceSpec.of_app(app), database_of, broker)
+
+
+def live_users_of_queue(app: ServedApp, database_of: Callable[[str], Database], queue: str) -> list[HeartbeatRow]:
+    """The live processes that could publish to or consume ``queue``, one row each, by kind, host and pid.
+
+    Every live relay of ``app`` (a relay publishes the messages of every service it serves, to
+    any queue) and every live worker consuming ``queue``, as the heartbeats of every service of
+    ``app`` say. A database that cannot be read raises: nobody can tell who is live there.
+    """
+    found: dict[uuid.UUID, HeartbeatRow] = {}
+    for service in app.services:
+        with database_of(service.name).connection() as conn:
+            rows = heartbeats.list_rows(conn, service.name)
+        for row in rows:
+            relay = row.kind == Kind.RELAY.value
+            if row.live and (relay or (row.kind == Kind.WORKER.value and queue in row.serves)):
+                found.setdefault(row.process_id, row)
+    return sorted(found.values(), key=lambda row: (row.kind, row.host, row.pid))
 
 
 def specs_from(services: Sequence[str], queues: Sequence[str], projections: dict[str, list[str]]) -> list[ServiceSpec]:
