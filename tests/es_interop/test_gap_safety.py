@@ -24,23 +24,42 @@ from estafeta.eventsourcing import EstafetaApplicationRecorder, Factory  # noqa:
 
 
 @pytest.fixture
-def recorder(database_url: str) -> Iterator[EstafetaApplicationRecorder]:
-    schema = f"es_{uuid.uuid4().hex[:12]}"
+def schema(database_url: str) -> Iterator[str]:
+    name = f"es_{uuid.uuid4().hex[:12]}"
+    yield name
+    drop_schema(database_url, name)
+
+
+def _recorder(database_url: str, schema: str, timeout: str) -> Iterator[EstafetaApplicationRecorder]:
     factory = Factory(
-        {"ESTAFETA_DATABASE_URL": database_url, "ESTAFETA_SCHEMA": schema, "ESTAFETA_NOTIFICATION_TIMEOUT": "1"}
+        {"ESTAFETA_DATABASE_URL": database_url, "ESTAFETA_SCHEMA": schema, "ESTAFETA_NOTIFICATION_TIMEOUT": timeout}
     )
     try:
         yield factory.application_recorder()  # type: ignore[misc]
     finally:
         factory.close()
-        drop_schema(database_url, schema)
+
+
+@pytest.fixture
+def recorder(database_url: str, schema: str) -> Iterator[EstafetaApplicationRecorder]:
+    """A reader that waits up to 1 s for the log to be final: what it must not return, it returns at once."""
+    yield from _recorder(database_url, schema, "1")
+
+
+@pytest.fixture
+def patient(database_url: str, schema: str) -> Iterator[EstafetaApplicationRecorder]:
+    """The same log, read waiting up to 60 s: what it must return, it returns once every writer of
+    the server older than it has ended (the suite's other tests write beside it)."""
+    yield from _recorder(database_url, schema, "60")
 
 
 def _event(topic: str) -> StoredEvent:
     return StoredEvent(originator_id=uuid.uuid4(), originator_version=1, topic=topic, state=b'{"n":1}')
 
 
-def test_a_reader_stops_below_a_writer_still_open(recorder: EstafetaApplicationRecorder, database_url: str) -> None:
+def test_a_reader_stops_below_a_writer_still_open(
+    recorder: EstafetaApplicationRecorder, patient: EstafetaApplicationRecorder, database_url: str
+) -> None:
     with psycopg.connect(database_url) as held:
         (first,) = recorder.insert_events([_event("first")], conn=held) or []  # drawn, not committed
         (second,) = recorder.insert_events([_event("second")]) or []  # drawn later, committed at once
@@ -53,18 +72,16 @@ def test_a_reader_stops_below_a_writer_still_open(recorder: EstafetaApplicationR
         assert recorder.select_notifications(start=None, limit=10) == []
         assert recorder.max_notification_id() is None
     # the writer committed when its block ended: both, in order
-    assert [n.id for n in recorder.select_notifications(start=None, limit=10)] == [first, second]
-    assert recorder.max_notification_id() == second
+    assert [n.id for n in patient.select_notifications(start=None, limit=10)] == [first, second]
+    assert patient.max_notification_id() == second
 
 
-def test_a_rolled_back_writer_leaves_a_hole_not_a_wait(
-    recorder: EstafetaApplicationRecorder, database_url: str
-) -> None:
+def test_a_rolled_back_writer_leaves_a_hole_not_a_wait(patient: EstafetaApplicationRecorder, database_url: str) -> None:
     with pytest.raises(RuntimeError), psycopg.connect(database_url) as lost:
-        recorder.insert_events([_event("lost")], conn=lost)
+        patient.insert_events([_event("lost")], conn=lost)
         raise RuntimeError("roll back")
-    (kept,) = recorder.insert_events([_event("kept")]) or []
-    assert [(n.id, n.topic) for n in recorder.select_notifications(start=None, limit=10)] == [(kept, "kept")]
+    (kept,) = patient.insert_events([_event("kept")]) or []
+    assert [(n.id, n.topic) for n in patient.select_notifications(start=None, limit=10)] == [(kept, "kept")]
     assert kept == 2  # position 1 went with the rolled-back transaction
 
 

@@ -21,7 +21,11 @@ from ..relay_support import add
 from . import processes
 from .relay_faults import with_port
 
-pytestmark = pytest.mark.integration
+# Heavy: the relay holds its claim's transaction (row locks, a transaction id) while it waits
+# out the broker, up to the 15 s bound, and the server's oldest open transaction holds back
+# every event-log reader of the server (pg_snapshot_xmin): beside the suite's other tests it
+# would stall their readers. make test-heavy runs its tests one at a time.
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
 #: The bound the relay's warning states, seconds: its default confirm timeout bounds a whole
 #: attempt; RabbitMQ's handshake has the tighter connect timeout (10 s, so a second host is tried in time),
