@@ -31,5 +31,8 @@ def stamp(rows: Sequence[OutboxRow], deployment: DeploymentName | None) -> None:
         return
     name = deployment()
     for row in rows:
-        options = row.message.setdefault("options", {})
-        options.setdefault(DEPLOYMENT_OPTION, name)
+        # A message that is not an object (written by hand, or by a bug) is left as it is: its
+        # encoding fails for that row alone, and the rest of the batch goes on.
+        options = row.message.setdefault("options", {}) if isinstance(row.message, dict) else None
+        if isinstance(options, dict):
+            options.setdefault(DEPLOYMENT_OPTION, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 
@@ -69,7 +70,11 @@ def relay_command(
     options = {"batch_size": batch_size, "poll_interval": poll_interval, "confirm_timeout": confirm_timeout}
     relays = [build_relay(runtime, context.broker, names, **options) for _ in range(1 if once else lanes)]
     warn_if_moved(runtime, names, "relay")
-    click.echo(_starting(names, runtime.settings.redacted_broker_url, len(relays), once), err=True)
+    starting = _starting(names, runtime.settings.redacted_broker_url, len(relays), once)
+    if runtime.settings.log_format == "json":  # every line on stderr is then a JSON object
+        logging.getLogger("estafeta_cli.relay").warning(starting.removeprefix("estafeta: "))
+    else:
+        click.echo(starting, err=True)
     if metrics_port is not None:
         from estafeta_brokers import metrics
 

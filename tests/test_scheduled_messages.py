@@ -205,7 +205,7 @@ def test_the_cli_lists_cancels_and_reschedules_and_refuses_with_exit_2(database_
     moved = run(env, "outbox", "reschedule", str(first), "--at", "2039-06-01T10:00:00+02:00")
     assert moved.returncode == 0, moved.stderr
     text = run(env, "outbox", "scheduled").stdout
-    assert f"2039-06-01 08:00:00+0000  pingpong  {first}  actors.pingpong.Ping" in text
+    assert f"2039-06-01 08:00:00 UTC  pingpong  {first}  estafeta_actors.pingpong.Ping" in text
 
     assert run(env, "outbox", "cancel", str(first)).returncode == 0
     again = run(env, "outbox", "cancel", str(first))

@@ -65,9 +65,10 @@ def test_a_malformed_dead_letter_in_a_replayed_group_stays_parked_with_its_reaso
         processes.running(processes.workers(env, tmp_path, module="tests.worker"), processes.relay(env, tmp_path)),
         server.client(auth=("operator", PASSWORD)) as http,
     ):
-        token = re.search(r'name="token" value="([^"]+)"', http.get("/console").text)
-        assert token is not None
-        form = {"service": "probe", "group": group.group, "token": token.group(1)}
+        # The group's replay goes through its dry run: the page's form confirms it with the count.
+        preview = http.get(f"/console/dead-letters/probe/{group.group}/replay").text
+        form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', preview))
+        assert form.get("token") and form.get("count") == str(LETTERS), preview
         answer = http.post("/console/dead-letters/replay", data=form)
         assert answer.status_code == 303, answer.text  # not a 500 halfway through the group
         notice = urllib.parse.parse_qs(urllib.parse.urlsplit(answer.headers["Location"]).query)["notice"][0]

@@ -273,7 +273,8 @@ class Session:
 
         def listed() -> bool:
             listing[0] = self._complete(argv).stdout
-            found = {line.split()[2]: line.split()[3] for line in listing[0].splitlines() if len(line.split()) > 3}
+            # STARTED (date, time, UTC), SAGA, STATUS, ...
+            found = {line.split()[3]: line.split()[4] for line in listing[0].splitlines() if len(line.split()) > 4}
             return sorted(found.get(saga_id, "") for saga_id in self.booked) == sorted(expected)
 
         try:
